@@ -1,0 +1,60 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+func TestOptionsCompleteAndValidate(t *testing.T) {
+	cases := []struct {
+		name         string
+		args         []string
+		env          string // NODE_NAME
+		wantNodeName string
+		wantErr      []string
+	}{
+		{name: "flag wins over env", args: []string{"--node-name=node-a"}, env: "node-b", wantNodeName: "node-a"},
+		{name: "env when no flag", env: "node-b", wantNodeName: "node-b"},
+		{name: "invalid node name", args: []string{"--node-name=Node_A"}, wantErr: []string{`node name "Node_A"`}},
+		{name: "endpoint without unix scheme", args: []string{"--node-name=n", "--runtime-endpoint=/run/containerd/containerd.sock"}, wantErr: []string{"--runtime-endpoint"}},
+		{name: "tcp endpoint refused", args: []string{"--node-name=n", "--runtime-endpoint=tcp://127.0.0.1:1234"}, wantErr: []string{"unix:///"}},
+		{name: "relist too fast", args: []string{"--node-name=n", "--relist-period=10ms"}, wantErr: []string{"--relist-period"}},
+		{name: "fencing with a tiny deadline", args: []string{"--node-name=n", "--fencing", "--fence-after=1s"}, wantErr: []string{"--fence-after"}},
+		{name: "tiny deadline fine when fencing is off", args: []string{"--node-name=n", "--fence-after=1s"}, wantNodeName: "n"},
+		{name: "history size out of range", args: []string{"--node-name=n", "--exit-history-size=0"}, wantErr: []string{"--exit-history-size"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("NODE_NAME", tc.env)
+			o := NewOptions()
+			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+			o.AddFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatalf("parse: %v", err)
+			}
+			if err := o.Complete(); err != nil {
+				t.Fatalf("Complete: %v", err)
+			}
+			err := o.Validate()
+			if len(tc.wantErr) == 0 {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				if o.NodeName != tc.wantNodeName {
+					t.Errorf("node name = %q, want %q", o.NodeName, tc.wantNodeName)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate() = nil, want an error mentioning %q", tc.wantErr)
+			}
+			for _, want := range tc.wantErr {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("Validate() = %q, want it to mention %q", err, want)
+				}
+			}
+		})
+	}
+}

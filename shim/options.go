@@ -1,0 +1,159 @@
+// Package shim is coroner's control plane: a Job controller for batch/v1 Jobs whose
+// spec.managedBy names coroner. The decisions it takes are pure functions in its
+// sub-packages (policy, indexes, backoff); this package holds the options and the wiring.
+package shim
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/coroner-dev/coroner/conditions"
+)
+
+// Options are the settings of coroner-shim, filled from flags.
+type Options struct {
+	Kubeconfig string
+	ManagedBy  string
+	QPS        float32
+	Burst      int
+	Workers    int
+
+	LeaderElect       bool
+	LeaseNamespace    string
+	LeaseName         string
+	LeaseDuration     time.Duration
+	RenewDeadline     time.Duration
+	RetryPeriod       time.Duration
+	MetricsAddress    string
+	HealthAddress     string
+	ShutdownGrace     time.Duration
+	PodBackoffBase    time.Duration
+	PodBackoffMax     time.Duration
+	ZombieThreshold   time.Duration
+	OrphanGracePeriod time.Duration
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	ns := os.Getenv("POD_NAMESPACE")
+	if ns == "" {
+		ns = "coroner-system"
+	}
+	return &Options{
+		ManagedBy:       conditions.ManagedBy,
+		QPS:             50,
+		Burst:           100,
+		Workers:         5,
+		LeaderElect:     true,
+		LeaseNamespace:  ns,
+		LeaseName:       "coroner-shim",
+		LeaseDuration:   15 * time.Second,
+		RenewDeadline:   10 * time.Second,
+		RetryPeriod:     2 * time.Second,
+		MetricsAddress:  ":8080",
+		HealthAddress:   ":8081",
+		ShutdownGrace:   30 * time.Second,
+		PodBackoffBase:  10 * time.Second,
+		PodBackoffMax:   10 * time.Minute,
+		ZombieThreshold: 60 * time.Second,
+	}
+}
+
+// AddFlags registers every option on fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig file; empty means the in-cluster config (service account), then $KUBECONFIG.")
+	fs.StringVar(&o.ManagedBy, "managed-by", o.ManagedBy, "The spec.managedBy value of the Jobs this controller manages; every other Job is left alone.")
+	fs.Float32Var(&o.QPS, "kube-api-qps", o.QPS, "Steady queries per second to the API server.")
+	fs.IntVar(&o.Burst, "kube-api-burst", o.Burst, "Burst of queries to the API server; at least --kube-api-qps.")
+	fs.IntVar(&o.Workers, "workers", o.Workers, "Jobs synced concurrently.")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Run only while holding the leader Lease, so that several replicas can run.")
+	fs.StringVar(&o.LeaseNamespace, "leader-elect-resource-namespace", o.LeaseNamespace, "Namespace of the leader Lease (default $POD_NAMESPACE, else coroner-system).")
+	fs.StringVar(&o.LeaseName, "leader-elect-resource-name", o.LeaseName, "Name of the leader Lease.")
+	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", o.LeaseDuration, "How long a non-leader waits after the last renewal before taking the Lease.")
+	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", o.RenewDeadline, "How long the leader retries renewing before it gives up leadership; less than the lease duration.")
+	fs.DurationVar(&o.RetryPeriod, "leader-elect-retry-period", o.RetryPeriod, "Interval between attempts to acquire or renew the Lease.")
+	fs.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "host:port that serves Prometheus metrics at /metrics; \"0\" turns it off.")
+	fs.StringVar(&o.HealthAddress, "health-probe-bind-address", o.HealthAddress, "host:port that serves /healthz and /readyz; \"0\" turns it off.")
+	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace-period", o.ShutdownGrace, "How long to let in-flight syncs finish after SIGTERM.")
+	fs.DurationVar(&o.PodBackoffBase, "pod-failure-backoff-base", o.PodBackoffBase, "First delay before a failed pod is replaced; it doubles with each further failure (S4, S6).")
+	fs.DurationVar(&o.PodBackoffMax, "pod-failure-backoff-max", o.PodBackoffMax, "Upper bound of the replacement delay.")
+	fs.DurationVar(&o.ZombieThreshold, "zombie-threshold", o.ZombieThreshold, "How long an opted-in pod may stay terminating on an unreachable node before it is failed and force-deleted (Z1).")
+}
+
+// Validate reports every invalid option at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.ManagedBy == "" || o.ManagedBy == "kubernetes.io/job-controller" {
+		errs = append(errs, fmt.Errorf("--managed-by=%q: must name a controller other than the built-in one", o.ManagedBy))
+	} else if msgs := validateDomainPrefixedPath(o.ManagedBy); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--managed-by=%q: %s", o.ManagedBy, strings.Join(msgs, "; ")))
+	}
+	if o.QPS <= 0 {
+		errs = append(errs, fmt.Errorf("--kube-api-qps=%v: must be positive", o.QPS))
+	}
+	if float32(o.Burst) < o.QPS {
+		errs = append(errs, fmt.Errorf("--kube-api-burst=%d: must be at least --kube-api-qps (%v)", o.Burst, o.QPS))
+	}
+	if o.Workers < 1 {
+		errs = append(errs, fmt.Errorf("--workers=%d: must be at least 1", o.Workers))
+	}
+	if o.LeaderElect {
+		if o.LeaseNamespace == "" || o.LeaseName == "" {
+			errs = append(errs, errors.New("--leader-elect needs --leader-elect-resource-namespace and --leader-elect-resource-name"))
+		}
+		if !(o.RetryPeriod > 0 && o.RenewDeadline > o.RetryPeriod && o.LeaseDuration > o.RenewDeadline) {
+			errs = append(errs, fmt.Errorf("leader election: need 0 < retry period (%v) < renew deadline (%v) < lease duration (%v)",
+				o.RetryPeriod, o.RenewDeadline, o.LeaseDuration))
+		}
+	}
+	errs = append(errs, ValidateAddress("--metrics-bind-address", o.MetricsAddress), ValidateAddress("--health-probe-bind-address", o.HealthAddress))
+	if o.ShutdownGrace < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-grace-period=%v: must not be negative", o.ShutdownGrace))
+	}
+	if o.PodBackoffBase <= 0 || o.PodBackoffMax < o.PodBackoffBase {
+		errs = append(errs, fmt.Errorf("--pod-failure-backoff-base=%v, --pod-failure-backoff-max=%v: need 0 < base <= max", o.PodBackoffBase, o.PodBackoffMax))
+	}
+	if o.ZombieThreshold < 0 {
+		errs = append(errs, fmt.Errorf("--zombie-threshold=%v: must not be negative", o.ZombieThreshold))
+	}
+	return errors.Join(errs...)
+}
+
+// validateDomainPrefixedPath applies the API server's rule for spec.managedBy: a
+// domain-prefixed path ("example.com/name") of at most 63 characters.
+func validateDomainPrefixedPath(s string) []string {
+	var msgs []string
+	if len(s) > 63 {
+		msgs = append(msgs, "must be at most 63 characters")
+	}
+	domain, path, ok := strings.Cut(s, "/")
+	if !ok || path == "" {
+		return append(msgs, "must be a domain-prefixed path such as coroner.dev/shim")
+	}
+	msgs = append(msgs, validation.IsDNS1123Subdomain(domain)...)
+	for _, r := range path {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-._~%!$&'()*+,;=:@/", r)) {
+			msgs = append(msgs, fmt.Sprintf("path has the invalid character %q", r))
+			break
+		}
+	}
+	return msgs
+}
+
+// ValidateAddress checks a host:port listen address; "0" means off.
+func ValidateAddress(flag, addr string) error {
+	if addr == "0" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("%s=%q: want host:port (or \"0\" for off): %v", flag, addr, err)
+	}
+	return nil
+}

@@ -1,0 +1,66 @@
+package shim
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func TestOptionsValidate(t *testing.T) {
+	cases := []struct {
+		name    string
+		args    []string
+		wantErr []string // substrings; none means valid
+	}{
+		{name: "defaults are valid"},
+		{name: "another managedBy value", args: []string{"--managed-by=example.com/batch"}},
+		{name: "built-in controller name refused", args: []string{"--managed-by=kubernetes.io/job-controller"}, wantErr: []string{"other than the built-in"}},
+		{name: "managedBy without a domain", args: []string{"--managed-by=shim"}, wantErr: []string{"domain-prefixed path"}},
+		{name: "managedBy with a bad domain", args: []string{"--managed-by=Coroner_Dev/shim"}, wantErr: []string{"--managed-by"}},
+		{name: "managedBy too long", args: []string{"--managed-by=coroner.dev/" + strings.Repeat("x", 60)}, wantErr: []string{"at most 63"}},
+		{name: "zero qps", args: []string{"--kube-api-qps=0"}, wantErr: []string{"--kube-api-qps=0"}},
+		{name: "burst below qps", args: []string{"--kube-api-qps=20", "--kube-api-burst=10"}, wantErr: []string{"--kube-api-burst=10"}},
+		{name: "no workers", args: []string{"--workers=0"}, wantErr: []string{"--workers=0"}},
+		{name: "lease timings out of order", args: []string{"--leader-elect-renew-deadline=20s"}, wantErr: []string{"renew deadline"}},
+		{name: "lease timings ignored without leader election", args: []string{"--leader-elect=false", "--leader-elect-renew-deadline=20s"}},
+		{name: "bad metrics address", args: []string{"--metrics-bind-address=8080"}, wantErr: []string{"--metrics-bind-address"}},
+		{name: "metrics off", args: []string{"--metrics-bind-address=0", "--health-probe-bind-address=0"}},
+		{name: "backoff max below base", args: []string{"--pod-failure-backoff-base=1m", "--pod-failure-backoff-max=30s"}, wantErr: []string{"0 < base <= max"}},
+		{name: "negative zombie threshold", args: []string{"--zombie-threshold=-1s"}, wantErr: []string{"--zombie-threshold"}},
+		{name: "every error reported at once", args: []string{"--workers=0", "--kube-api-qps=0"}, wantErr: []string{"--workers=0", "--kube-api-qps=0"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := NewOptions()
+			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+			o.AddFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatalf("parse: %v", err)
+			}
+			err := o.Validate()
+			if len(tc.wantErr) == 0 {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate() = nil, want an error mentioning %q", tc.wantErr)
+			}
+			for _, want := range tc.wantErr {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("Validate() = %q, want it to mention %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	o := NewOptions()
+	if o.ManagedBy != "coroner.dev/shim" || o.PodBackoffBase != 10*time.Second || o.PodBackoffMax != 10*time.Minute {
+		t.Errorf("defaults = managedBy %q, backoff %v..%v; want coroner.dev/shim, 10s..10m (the built-in controller's)", o.ManagedBy, o.PodBackoffBase, o.PodBackoffMax)
+	}
+}
