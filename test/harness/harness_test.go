@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -76,4 +78,40 @@ func TestNamespacePrefix(t *testing.T) {
 			t.Errorf("namespacePrefix(%q) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+// TestControllerManagerRunsTheBuiltInJobController checks that the reference controller
+// starts and syncs a Job that is not managed by coroner (it creates its pod).
+func TestControllerManagerRunsTheBuiltInJobController(t *testing.T) {
+	env := Shared(t)
+	stop, err := env.StartControllerManager("job")
+	if err != nil {
+		t.Fatalf("StartControllerManager: %v", err)
+	}
+	defer stop()
+	client := kubernetes.NewForConfigOrDie(env.Config)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "ref", Namespace: ns},
+		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers:    []corev1.Container{{Name: "main", Image: "busybox:local"}},
+		}}},
+	}
+	if _, err := client.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		pods, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pods.Items) == 1 {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatal("the built-in Job controller created no pod within 30s")
 }
