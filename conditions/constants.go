@@ -238,16 +238,12 @@ const (
 	EventReasonCompleted            = "Completed"        // Normal: "Job completed"
 	EventReasonTooManySucceededPods = "TooManySucceededPods"
 
-	// EventReasonPodFailureIgnored (Normal, on the Job): a failed pod matched
-	// an Ignore rule; the message names the pod and the rule index.
-	EventReasonPodFailureIgnored = "PodFailureIgnored"
-	// EventReasonPodFailureCounted (Normal, on the Job): a failed pod counts
-	// towards the backoff limit, by a Count rule or because no rule matched.
-	EventReasonPodFailureCounted = "PodFailureCounted"
-	// EventReasonIndexFailed (Warning, on the Job): an index was marked
-	// failed, by a FailIndex rule or because backoffLimitPerIndex was
-	// exceeded.
-	EventReasonIndexFailed = "IndexFailed"
+	// EventReasonPodFailurePolicy (on the Job): what the shim made of one failed
+	// pod, one Event per decision: Warning when the failure counts, fails an
+	// index or the Job, Normal when an Ignore rule matched. The message names the
+	// pod, the cause, the rule and the consequence, e.g. "pod default/x-2-abcde:
+	// container main exited 42, matched rule 0 (FailIndex): index 2 failed".
+	EventReasonPodFailurePolicy = "PodFailurePolicy"
 
 	// EventReasonForcefullyTerminated (Warning, on the pod and its Job): the
 	// shim moved a zombie pod to phase Failed and will force-delete it; the

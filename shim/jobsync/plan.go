@@ -1,0 +1,159 @@
+// Package jobsync decides what coroner's Job controller does for one Job in one sync: a
+// pure function of the Job, its pods, the controller's in-memory backoff record and a
+// clock. It makes no API call; the controller (package shim/controller) carries out the
+// Plan it returns.
+//
+// The order the controller follows, and why:
+//
+//  1. Delete, then create pods (Plan.Delete, Plan.Create; at most 500 of each, creations
+//     in slow-start batches). Plan.Status already assumes they all succeed; the controller
+//     calls Plan.Adjust with what failed before writing.
+//  2. Write Plan.Status once (only when Plan.WriteStatus), with an Update of the status
+//     subresource (resourceVersion precondition: a conflict re-queues the Job).
+//  3. Only after that write succeeded, remove the tracking finalizer from
+//     Plan.RemoveFinalizer. Every finished pod whose failure or success counts is first
+//     recorded in status.uncountedTerminatedPods by step 2, so a crash between 2 and 3
+//     loses nothing; a later sync moves the UIDs of pods whose finalizer is gone from
+//     uncountedTerminatedPods to the succeeded/failed counters (and completedIndexes).
+//  4. Emit Plan.Events and record Plan.Observations, keep Plan.Record as the Job's new
+//     backoff record, and re-queue after Plan.RequeueAfter when it is positive.
+//
+// Unlike the built-in controller, which may write the status two or three times in one
+// sync, coroner writes it at most once per sync; counting a pod therefore takes one more
+// sync (triggered by the pod update that removed its finalizer). The observable results
+// (counters, conditions and their order, failedIndexes, completedIndexes) are the same.
+package jobsync
+
+import (
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+
+	"github.com/coroner-dev/coroner/shim/backoff"
+)
+
+// MaxPodCreateDeletePerSync bounds the pods one sync creates, and those it deletes.
+const MaxPodCreateDeletePerSync = 500
+
+// Input is everything Sync looks at.
+type Input struct {
+	// Job is the Job as the informer has it. Sync never modifies it.
+	Job *batchv1.Job
+	// Pods are the Job's pods (controlled by the Job: controller ownerReference with the
+	// Job's UID), in any phase, from the informer. Sync never modifies them.
+	Pods []*corev1.Pod
+	// Now is the time of this sync.
+	Now time.Time
+	// Backoff is the replacement delay policy (default backoff.Default).
+	Backoff backoff.Policy
+	// Record is the Job's global backoff record from the previous sync (zero at first).
+	Record backoff.Record
+	// ExpectationsSatisfied is false while pod creations or deletions issued by an
+	// earlier sync have not been observed in Pods yet; Sync then creates and deletes
+	// nothing and declares nothing finished, as the informer may be behind.
+	ExpectationsSatisfied bool
+	// FinalizersBeingRemoved are the UIDs of pods whose tracking finalizer removal was
+	// issued but not yet observed; Sync treats them as already without the finalizer.
+	FinalizersBeingRemoved sets.Set[types.UID]
+}
+
+// Plan is what the controller must do for the Job.
+type Plan struct {
+	// Skip, when not empty, says why nothing is to be done (not our Job, already
+	// finished, ...); every other field is then empty.
+	Skip string
+
+	// Status is the complete new status of the Job.
+	Status batchv1.JobStatus
+	// WriteStatus is true when Status differs from the Job's current status.
+	WriteStatus bool
+
+	// Create holds the pods to create, fully built (labels, annotations, finalizer,
+	// owner reference, generateName, hostname); Reason says why, for metrics.
+	Create []PodCreate
+	// Delete holds active pods to delete.
+	Delete []PodDelete
+	// RemoveFinalizer holds the pods whose tracking finalizer must be removed, after the
+	// status write.
+	RemoveFinalizer []*corev1.Pod
+
+	// Record is the Job's new global backoff record; keep it after the status write.
+	Record backoff.Record
+	// RequeueAfter, when positive, asks for another sync after that long (pending
+	// backoff, activeDeadlineSeconds, per-index backoff); never below backoff.MinRequeue.
+	RequeueAfter time.Duration
+
+	// Events are Events for the Job, to emit after the status write succeeded.
+	Events []Event
+	// Observations are the metrics of the decisions in this Plan, to record after the
+	// status write succeeded.
+	Observations Observations
+}
+
+// PodCreate is a pod to create.
+type PodCreate struct {
+	Pod    *corev1.Pod
+	Reason CreateReason
+}
+
+// CreateReason labels pod creations in metrics, with the built-in controller's values.
+type CreateReason string
+
+const (
+	CreateNew                         CreateReason = "new"
+	CreateRecreateTerminatingOrFailed CreateReason = "recreate_terminating_or_failed"
+	CreateRecreateFailed              CreateReason = "recreate_failed"
+)
+
+// PodDelete is an active pod to delete.
+type PodDelete struct {
+	Pod *corev1.Pod
+	// RemoveFinalizerFirst is set for pods deleted because the Job is suspended or has
+	// too many pods: they must not count as failed, so their tracking finalizer is removed
+	// before the delete. Pods deleted because the Job is finishing keep it until Plan's
+	// RemoveFinalizer handles them.
+	RemoveFinalizerFirst bool
+	// Reason is a short human reason for logs ("job suspended", "excess pod",
+	// "duplicate index 3", "job failed: BackoffLimitExceeded").
+	Reason string
+}
+
+// Event is an Event to emit on the Job.
+type Event struct {
+	Type    string // corev1.EventTypeNormal or corev1.EventTypeWarning
+	Reason  string
+	Message string
+}
+
+// Observations are the metrics of one Plan.
+type Observations struct {
+	// PodFailures counts newly handled pod failures by pod failure policy action:
+	// "FailJob", "FailIndex", "Ignore", "Count", or "None" when no rule matched or the
+	// Job has no policy.
+	PodFailures map[string]int
+	// FinishedIndexes counts indexes newly finished, by "succeeded"/"failed".
+	FinishedIndexes map[string]int
+	// PodsFinished counts pods newly counted in status.succeeded/failed, by
+	// "succeeded"/"failed".
+	PodsFinished map[string]int
+	// JobFinished is set when this Plan adds the Complete or Failed condition.
+	JobFinished *JobFinished
+}
+
+// JobFinished describes a Job that finished in this Plan.
+type JobFinished struct {
+	Succeeded bool
+	Reason    string
+}
+
+// Adjust corrects Status after the controller carried out Create and Delete: failedCreates
+// pods were not created (failed, or skipped after a failed slow-start batch) and
+// failedDeletes were not deleted. Active, Ready and Terminating are corrected, and a
+// terminal condition planned on the assumption that every deletion succeeded is
+// withdrawn. WriteStatus is recomputed against the Job's old status.
+func (p *Plan) Adjust(old *batchv1.JobStatus, failedCreates int, failedDeletes []*corev1.Pod) {
+	adjust(p, old, failedCreates, failedDeletes)
+}

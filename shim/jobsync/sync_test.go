@@ -1,0 +1,507 @@
+package jobsync
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/utils/ptr"
+
+	"github.com/coroner-dev/coroner/shim/backoff"
+	"github.com/coroner-dev/coroner/test/wrappers"
+)
+
+var now = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+
+// job returns a started Job with defaults the API server would have applied.
+func job(w *wrappers.JobWrapper) *batchv1.Job {
+	j := w.Obj()
+	j.UID = "job-uid"
+	if j.Spec.Parallelism == nil {
+		j.Spec.Parallelism = ptr.To[int32](1)
+	}
+	if j.Spec.BackoffLimit == nil {
+		j.Spec.BackoffLimit = ptr.To[int32](6)
+		if j.Spec.BackoffLimitPerIndex != nil {
+			j.Spec.BackoffLimit = ptr.To[int32](math.MaxInt32)
+		}
+	}
+	if j.Status.StartTime == nil {
+		j.Status.StartTime = &metav1.Time{Time: now.Add(-time.Minute)}
+	}
+	return j
+}
+
+// tracked adds the tracking finalizer and a UID to a pod builder's pod.
+func tracked(w *wrappers.PodWrapper) *corev1.Pod {
+	p := w.Obj()
+	p.UID = types.UID("uid-" + p.Name)
+	p.Finalizers = append(p.Finalizers, batchv1.JobTrackingFinalizer)
+	p.CreationTimestamp = metav1.Time{Time: now.Add(-time.Minute)}
+	return p
+}
+
+func running(name string) *wrappers.PodWrapper {
+	return wrappers.MakePod(name, "ns").Phase(corev1.PodRunning).RunningContainer("main")
+}
+
+func failed(name string, code int32) *wrappers.PodWrapper {
+	return wrappers.MakePod(name, "ns").Phase(corev1.PodFailed).ExitedContainer("main", code).FinishedAt(now.Add(-30 * time.Second))
+}
+
+func succeeded(name string) *wrappers.PodWrapper {
+	return wrappers.MakePod(name, "ns").Phase(corev1.PodSucceeded).ExitedContainer("main", 0).FinishedAt(now.Add(-30 * time.Second))
+}
+
+func sync(j *batchv1.Job, pods ...*corev1.Pod) Plan {
+	return Sync(Input{Job: j, Pods: pods, Now: now, Backoff: backoff.Default, ExpectationsSatisfied: true, FinalizersBeingRemoved: sets.New[types.UID]()})
+}
+
+func names(pods []*corev1.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		out = append(out, p.Name)
+	}
+	return out
+}
+
+func conditionSummary(cs []batchv1.JobCondition) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, string(c.Type)+"="+string(c.Status)+"/"+c.Reason)
+	}
+	return out
+}
+
+func TestNewJobCreatesPods(t *testing.T) {
+	cases := []struct {
+		name          string
+		job           *batchv1.Job
+		wantCreate    int
+		wantIndexes   []string
+		wantGenerates []string
+	}{
+		{name: "non-indexed parallelism 3", job: job(wrappers.MakeJob("j", "ns").Completions(5).Parallelism(3)), wantCreate: 3, wantGenerates: []string{"j-", "j-", "j-"}},
+		{name: "non-indexed without completions", job: job(wrappers.MakeJob("j", "ns").Parallelism(2)), wantCreate: 2, wantGenerates: []string{"j-", "j-"}},
+		{name: "indexed creates the lowest indexes", job: job(wrappers.MakeJob("j", "ns").Indexed().Completions(4).Parallelism(2)), wantCreate: 2, wantIndexes: []string{"0", "1"}, wantGenerates: []string{"j-0-", "j-1-"}},
+		{name: "parallelism above completions", job: job(wrappers.MakeJob("j", "ns").Completions(2).Parallelism(5)), wantCreate: 2, wantGenerates: []string{"j-", "j-"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			plan := sync(tc.job)
+			if len(plan.Create) != tc.wantCreate {
+				t.Fatalf("created %d pods, want %d", len(plan.Create), tc.wantCreate)
+			}
+			var gen, idx []string
+			for _, c := range plan.Create {
+				p := c.Pod
+				gen = append(gen, p.GenerateName)
+				if v, ok := p.Annotations[batchv1.JobCompletionIndexAnnotation]; ok {
+					idx = append(idx, v)
+					if p.Labels[batchv1.JobCompletionIndexAnnotation] != v || p.Spec.Hostname != "j-"+v {
+						t.Errorf("index %s: label %q hostname %q", v, p.Labels[batchv1.JobCompletionIndexAnnotation], p.Spec.Hostname)
+					}
+					if p.Spec.Containers[0].Env[0].Name != "JOB_COMPLETION_INDEX" {
+						t.Errorf("index %s: no JOB_COMPLETION_INDEX variable", v)
+					}
+				}
+				if !slices.Contains(p.Finalizers, batchv1.JobTrackingFinalizer) {
+					t.Errorf("pod without the tracking finalizer")
+				}
+				if ref := metav1.GetControllerOf(p); ref == nil || ref.UID != "job-uid" || ref.Kind != "Job" {
+					t.Errorf("controller reference = %+v", ref)
+				}
+				if c.Reason != CreateNew {
+					t.Errorf("reason = %s, want new", c.Reason)
+				}
+			}
+			if diff := cmp.Diff(tc.wantGenerates, gen); diff != "" {
+				t.Errorf("generateName (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantIndexes, idx); diff != "" {
+				t.Errorf("indexes (-want +got):\n%s", diff)
+			}
+			if !plan.WriteStatus || plan.Status.Active != int32(tc.wantCreate) {
+				t.Errorf("status write %v, active %d; want a write with active=%d", plan.WriteStatus, plan.Status.Active, tc.wantCreate)
+			}
+		})
+	}
+}
+
+func TestExpectationsNotSatisfiedCreatesNothing(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Completions(3).Parallelism(3))
+	plan := Sync(Input{Job: j, Now: now, Backoff: backoff.Default})
+	if len(plan.Create) != 0 || len(plan.Delete) != 0 {
+		t.Errorf("created %d, deleted %d while the informer may lag; want nothing", len(plan.Create), len(plan.Delete))
+	}
+}
+
+func TestFailJobRule(t *testing.T) {
+	w := wrappers.MakeJob("j", "ns").Completions(3).Parallelism(3).PodFailurePolicy(
+		wrappers.OnExitCodes(batchv1.PodFailurePolicyActionFailJob, batchv1.PodFailurePolicyOnExitCodesOpIn, 42))
+	j := job(w)
+	bad := tracked(failed("j-bad", 42))
+	other := tracked(running("j-other"))
+
+	// Sync 1: FailureTarget, the other pod deleted (finalizer kept), both recorded as failed.
+	plan := sync(j, bad, other)
+	wantConds := []string{"FailureTarget=True/PodFailurePolicy"}
+	if diff := cmp.Diff(wantConds, conditionSummary(plan.Status.Conditions)); diff != "" {
+		t.Fatalf("conditions (-want +got):\n%s", diff)
+	}
+	if msg := plan.Status.Conditions[0].Message; msg != "Container main for pod ns/j-bad failed with exit code 42 matching FailJob rule at index 0" {
+		t.Errorf("message = %q", msg)
+	}
+	if len(plan.Delete) != 1 || plan.Delete[0].Pod.Name != "j-other" || plan.Delete[0].RemoveFinalizerFirst {
+		t.Errorf("delete = %+v, want j-other keeping its finalizer", plan.Delete)
+	}
+	if got := names(plan.RemoveFinalizer); !cmp.Equal(got, []string{"j-bad", "j-other"}) {
+		t.Errorf("finalizers removed from %v", got)
+	}
+	if got := plan.Status.UncountedTerminatedPods.Failed; len(got) != 2 {
+		t.Errorf("uncounted failed = %v, want both pods", got)
+	}
+	if plan.Status.Terminating == nil || *plan.Status.Terminating != 1 || plan.Status.Active != 0 {
+		t.Errorf("terminating %v active %d, want 1 and 0", plan.Status.Terminating, plan.Status.Active)
+	}
+	if len(plan.Events) == 0 || !strings.Contains(plan.Events[0].Message, "matched rule 0 (FailJob): the Job fails") {
+		t.Errorf("events = %+v, want the policy decision explained", plan.Events)
+	}
+
+	// Sync 2: the finalizers are gone and the pods with them: counted, Job Failed.
+	j.Status = plan.Status
+	plan = sync(j)
+	wantConds = []string{"FailureTarget=True/PodFailurePolicy", "Failed=True/PodFailurePolicy"}
+	if diff := cmp.Diff(wantConds, conditionSummary(plan.Status.Conditions)); diff != "" {
+		t.Fatalf("conditions (-want +got):\n%s", diff)
+	}
+	if plan.Status.Failed != 2 || len(plan.Status.UncountedTerminatedPods.Failed) != 0 {
+		t.Errorf("failed %d uncounted %v, want 2 and none", plan.Status.Failed, plan.Status.UncountedTerminatedPods.Failed)
+	}
+	if plan.Observations.JobFinished == nil || plan.Observations.JobFinished.Succeeded {
+		t.Errorf("JobFinished = %+v", plan.Observations.JobFinished)
+	}
+}
+
+func TestTerminalConditionWaitsForTerminatingPods(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Completions(1).BackoffLimit(0))
+	j.Status.Conditions = []batchv1.JobCondition{{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded"}}
+	term := running("j-term").Obj()
+	term.DeletionTimestamp = &metav1.Time{Time: now}
+	plan := sync(j, term)
+	if c := findCondition(plan.Status.Conditions, batchv1.JobFailed); c != nil {
+		t.Fatalf("Failed added while a pod is terminating")
+	}
+	if ptr.Deref(plan.Status.Terminating, -1) != 1 {
+		t.Errorf("terminating = %v, want 1", plan.Status.Terminating)
+	}
+	plan = sync(j)
+	if c := findCondition(plan.Status.Conditions, batchv1.JobFailed); c == nil || c.Reason != "BackoffLimitExceeded" {
+		t.Errorf("conditions %v, want Failed/BackoffLimitExceeded once no pod terminates", conditionSummary(plan.Status.Conditions))
+	}
+}
+
+func TestIgnoreRuleDoesNotCount(t *testing.T) {
+	w := wrappers.MakeJob("j", "ns").Indexed().Completions(2).Parallelism(2).BackoffLimitPerIndex(1).PodFailurePolicy(
+		wrappers.OnPodCondition(batchv1.PodFailurePolicyActionIgnore, corev1.DisruptionTarget))
+	j := job(w)
+	disrupted := tracked(wrappers.MakePod("j-0-a", "ns").Index(0).Phase(corev1.PodFailed).ExitedContainer("main", 137).
+		FinishedAt(now.Add(-time.Hour)).Condition(corev1.DisruptionTarget, corev1.ConditionTrue).
+		Annotation(batchv1.JobIndexFailureCountAnnotation, "0"))
+	other := tracked(running("j-1-a").Index(1))
+
+	plan := sync(j, disrupted, other)
+	if len(plan.Create) != 1 {
+		t.Fatalf("created %d pods, want the replacement of index 0", len(plan.Create))
+	}
+	repl := plan.Create[0].Pod
+	if repl.Annotations[batchv1.JobIndexFailureCountAnnotation] != "0" || repl.Annotations[batchv1.JobIndexIgnoredFailureCountAnnotation] != "1" {
+		t.Errorf("replacement annotations = %v, want failure count 0, ignored 1", repl.Annotations)
+	}
+	if len(plan.RemoveFinalizer) != 0 {
+		t.Errorf("finalizer removed from %v before the replacement exists", names(plan.RemoveFinalizer))
+	}
+	// Next sync: the replacement is there; the ignored pod's finalizer goes, failed stays 0.
+	j.Status = plan.Status
+	replacement := tracked(running("j-0-b").Index(0))
+	plan = sync(j, disrupted, other, replacement)
+	if got := names(plan.RemoveFinalizer); !cmp.Equal(got, []string{"j-0-a"}) {
+		t.Errorf("finalizers removed from %v, want j-0-a", got)
+	}
+	if plan.Status.Failed != 0 || len(plan.Status.UncountedTerminatedPods.Failed) != 0 {
+		t.Errorf("failed %d uncounted %v: an ignored failure was counted", plan.Status.Failed, plan.Status.UncountedTerminatedPods.Failed)
+	}
+	if plan.Observations.PodFailures["Ignore"] != 1 {
+		t.Errorf("observations %+v, want one Ignore", plan.Observations.PodFailures)
+	}
+}
+
+func TestBackoffLimitExceeded(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Completions(1).BackoffLimit(1))
+	j.Status.Failed = 1
+	plan := sync(j, tracked(failed("j-b", 1)))
+	if diff := cmp.Diff([]string{"FailureTarget=True/BackoffLimitExceeded"}, conditionSummary(plan.Status.Conditions)); diff != "" {
+		t.Errorf("conditions (-want +got):\n%s", diff)
+	}
+	if len(plan.Create) != 0 {
+		t.Errorf("created %d pods for a failing Job", len(plan.Create))
+	}
+}
+
+func TestGlobalBackoffDelaysReplacement(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Completions(1))
+	p := tracked(failed("j-a", 1))
+	p.Status.ContainerStatuses[0].State.Terminated.FinishedAt = metav1.Time{Time: now.Add(-4 * time.Second)}
+	plan := sync(j, p)
+	if len(plan.Create) != 0 {
+		t.Fatalf("replaced at once; want a 10s backoff")
+	}
+	if plan.RequeueAfter < 5*time.Second || plan.RequeueAfter > 6*time.Second {
+		t.Errorf("requeue after %v, want about 6s (10s from the finish time)", plan.RequeueAfter)
+	}
+	if plan.Record.Failures != 1 {
+		t.Errorf("record = %+v, want one failure", plan.Record)
+	}
+	// Once the delay has passed the replacement is created.
+	j.Status = plan.Status
+	later := Sync(Input{Job: j, Now: now.Add(7 * time.Second), Backoff: backoff.Default, Record: plan.Record, ExpectationsSatisfied: true})
+	if len(later.Create) != 1 || later.Create[0].Reason != CreateRecreateTerminatingOrFailed {
+		t.Errorf("after the delay: create %+v, want one recreate_terminating_or_failed", later.Create)
+	}
+}
+
+func TestBackoffLimitPerIndex(t *testing.T) {
+	w := wrappers.MakeJob("j", "ns").Indexed().Completions(3).Parallelism(3).BackoffLimitPerIndex(1)
+	j := job(w)
+	first := tracked(failed("j-0-a", 1).Index(0).Annotation(batchv1.JobIndexFailureCountAnnotation, "0"))
+	first.Status.ContainerStatuses[0].State.Terminated.FinishedAt = metav1.Time{Time: now.Add(-11 * time.Second)}
+	pods := []*corev1.Pod{first, tracked(running("j-1-a").Index(1)), tracked(running("j-2-a").Index(2))}
+
+	plan := sync(j, pods...)
+	if len(plan.Create) != 1 || plan.Create[0].Pod.Annotations[batchv1.JobIndexFailureCountAnnotation] != "1" {
+		t.Fatalf("create = %+v, want index 0 again with failure count 1", plan.Create)
+	}
+	if len(plan.RemoveFinalizer) != 0 {
+		t.Errorf("finalizer of %v removed before the replacement exists", names(plan.RemoveFinalizer))
+	}
+	if ptr.Deref(plan.Status.FailedIndexes, "x") != "" {
+		t.Errorf("failedIndexes = %v, want empty", plan.Status.FailedIndexes)
+	}
+
+	// The replacement fails too: the index fails, the Job goes on with the others.
+	j.Status = plan.Status
+	second := tracked(failed("j-0-b", 1).Index(0).Annotation(batchv1.JobIndexFailureCountAnnotation, "1"))
+	plan = sync(j, append(pods, second)...)
+	if got := ptr.Deref(plan.Status.FailedIndexes, ""); got != "0" {
+		t.Errorf("failedIndexes = %q, want \"0\"", got)
+	}
+	if len(plan.Create) != 0 || len(plan.Status.Conditions) != 0 {
+		t.Errorf("create %d, conditions %v: want nothing while indexes 1 and 2 run", len(plan.Create), conditionSummary(plan.Status.Conditions))
+	}
+	if plan.Observations.FinishedIndexes["failed"] != 1 {
+		t.Errorf("finished indexes %+v", plan.Observations.FinishedIndexes)
+	}
+	var ev []string
+	for _, e := range plan.Events {
+		ev = append(ev, e.Message)
+	}
+	if !slices.ContainsFunc(ev, func(s string) bool { return strings.Contains(s, "pod ns/j-0-b: container main exited 1") && strings.Contains(s, "index 0 failed") }) {
+		t.Errorf("events %q do not explain that index 0 failed", ev)
+	}
+
+	// Indexes 1 and 2 succeed: FailureTarget FailedIndexes, and at once Failed, since
+	// succeeded indexes are recorded in completedIndexes, not uncountedTerminatedPods,
+	// and no pod is left (the built-in controller does the same in one sync).
+	j.Status = plan.Status
+	plan = sync(j, tracked(succeeded("j-1-a").Index(1)), tracked(succeeded("j-2-a").Index(2)))
+	if diff := cmp.Diff([]string{"FailureTarget=True/FailedIndexes", "Failed=True/FailedIndexes"}, conditionSummary(plan.Status.Conditions)); diff != "" {
+		t.Errorf("conditions (-want +got):\n%s", diff)
+	}
+	if plan.Status.CompletedIndexes != "1,2" || plan.Status.Succeeded != 2 {
+		t.Errorf("completedIndexes %q succeeded %d, want \"1,2\" and 2", plan.Status.CompletedIndexes, plan.Status.Succeeded)
+	}
+}
+
+func TestPerIndexBackoffDoubles(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Indexed().Completions(1).BackoffLimitPerIndex(5))
+	for _, tc := range []struct {
+		count string
+		want  time.Duration
+	}{{"0", 10 * time.Second}, {"1", 20 * time.Second}, {"2", 40 * time.Second}} {
+		p := tracked(failed("j-0-"+tc.count, 1).Index(0).Annotation(batchv1.JobIndexFailureCountAnnotation, tc.count))
+		p.Status.ContainerStatuses[0].State.Terminated.FinishedAt = metav1.Time{Time: now}
+		plan := sync(j, p)
+		if len(plan.Create) != 0 || plan.RequeueAfter != tc.want {
+			t.Errorf("failure count %s: create %d, requeue %v; want none and %v", tc.count, len(plan.Create), plan.RequeueAfter, tc.want)
+		}
+	}
+}
+
+func TestFailIndexAndMaxFailedIndexes(t *testing.T) {
+	w := wrappers.MakeJob("j", "ns").Indexed().Completions(4).Parallelism(4).BackoffLimitPerIndex(3).MaxFailedIndexes(1).PodFailurePolicy(
+		wrappers.OnExitCodes(batchv1.PodFailurePolicyActionFailIndex, batchv1.PodFailurePolicyOnExitCodesOpIn, 42))
+	j := job(w)
+	pods := []*corev1.Pod{
+		tracked(failed("j-0-a", 42).Index(0).Annotation(batchv1.JobIndexFailureCountAnnotation, "0")),
+		tracked(running("j-1-a").Index(1)), tracked(running("j-2-a").Index(2)), tracked(running("j-3-a").Index(3)),
+	}
+	plan := sync(j, pods...)
+	if got := ptr.Deref(plan.Status.FailedIndexes, ""); got != "0" || len(plan.Create) != 0 {
+		t.Errorf("failedIndexes %q, create %d; want index 0 failed at once, no retry", got, len(plan.Create))
+	}
+	j.Status = plan.Status
+	pods[1] = tracked(failed("j-1-a", 42).Index(1).Annotation(batchv1.JobIndexFailureCountAnnotation, "0"))
+	plan = sync(j, pods...)
+	if diff := cmp.Diff([]string{"FailureTarget=True/MaxFailedIndexesExceeded"}, conditionSummary(plan.Status.Conditions)); diff != "" {
+		t.Errorf("conditions (-want +got):\n%s", diff)
+	}
+	if len(plan.Delete) != 2 {
+		t.Errorf("deleted %d pods, want the 2 still running", len(plan.Delete))
+	}
+}
+
+func TestPodReplacementPolicy(t *testing.T) {
+	terminating := func() *corev1.Pod {
+		p := tracked(running("j-a"))
+		p.DeletionTimestamp = &metav1.Time{Time: now.Add(-time.Second)}
+		return p
+	}
+	t.Run("Failed waits for the terminating pod", func(t *testing.T) {
+		j := job(wrappers.MakeJob("j", "ns").Completions(1).PodReplacementPolicy(batchv1.Failed))
+		plan := sync(j, terminating())
+		if len(plan.Create) != 0 || ptr.Deref(plan.Status.Terminating, 0) != 1 || plan.Status.Failed != 0 {
+			t.Errorf("create %d terminating %v failed %d; want no replacement yet, 1 terminating", len(plan.Create), plan.Status.Terminating, plan.Status.Failed)
+		}
+	})
+	t.Run("TerminatingOrFailed counts it as failed", func(t *testing.T) {
+		j := job(wrappers.MakeJob("j", "ns").Completions(1).PodReplacementPolicy(batchv1.TerminatingOrFailed))
+		plan := sync(j, terminating())
+		if got := plan.Status.UncountedTerminatedPods.Failed; len(got) != 1 {
+			t.Errorf("uncounted failed = %v, want the terminating pod", got)
+		}
+		if plan.Record.Failures != 1 {
+			t.Errorf("record %+v: the terminating pod starts the backoff", plan.Record)
+		}
+	})
+}
+
+func TestSuspendAndResume(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Completions(2).Parallelism(2).Suspend(true))
+	plan := sync(j, tracked(running("j-a")), tracked(running("j-b")))
+	if len(plan.Delete) != 2 || !plan.Delete[0].RemoveFinalizerFirst {
+		t.Errorf("delete %+v, want both pods without counting them", plan.Delete)
+	}
+	if diff := cmp.Diff([]string{"Suspended=True/JobSuspended"}, conditionSummary(plan.Status.Conditions)); diff != "" {
+		t.Errorf("conditions (-want +got):\n%s", diff)
+	}
+	if plan.Status.StartTime != nil {
+		t.Errorf("startTime %v kept on suspend", plan.Status.StartTime)
+	}
+	j.Status = plan.Status
+	j.Spec.Suspend = ptr.To(false)
+	plan = sync(j)
+	if len(plan.Create) != 2 || plan.Status.StartTime == nil || !plan.Status.StartTime.Time.Equal(now) {
+		t.Errorf("create %d startTime %v; want 2 pods and startTime reset to now", len(plan.Create), plan.Status.StartTime)
+	}
+	if diff := cmp.Diff([]string{"Suspended=False/JobResumed"}, conditionSummary(plan.Status.Conditions)); diff != "" {
+		t.Errorf("conditions (-want +got):\n%s", diff)
+	}
+}
+
+func TestActiveDeadline(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Completions(1).ActiveDeadlineSeconds(90))
+	plan := sync(j, tracked(running("j-a")))
+	if plan.RequeueAfter != 30*time.Second {
+		t.Errorf("requeue after %v, want 30s (deadline 90s, started 60s ago)", plan.RequeueAfter)
+	}
+	j.Spec.ActiveDeadlineSeconds = ptr.To[int64](60)
+	plan = sync(j, tracked(running("j-a")))
+	if diff := cmp.Diff([]string{"FailureTarget=True/DeadlineExceeded"}, conditionSummary(plan.Status.Conditions)); diff != "" {
+		t.Errorf("conditions (-want +got):\n%s", diff)
+	}
+}
+
+func TestSuccess(t *testing.T) {
+	t.Run("completions reached", func(t *testing.T) {
+		j := job(wrappers.MakeJob("j", "ns").Completions(2))
+		j.Status.Succeeded = 1
+		plan := sync(j, tracked(succeeded("j-b")))
+		if diff := cmp.Diff([]string{"SuccessCriteriaMet=True/CompletionsReached"}, conditionSummary(plan.Status.Conditions)); diff != "" {
+			t.Errorf("conditions (-want +got):\n%s", diff)
+		}
+		j.Status = plan.Status
+		plan = sync(j)
+		if diff := cmp.Diff([]string{"SuccessCriteriaMet=True/CompletionsReached", "Complete=True/CompletionsReached"}, conditionSummary(plan.Status.Conditions)); diff != "" {
+			t.Errorf("conditions (-want +got):\n%s", diff)
+		}
+		if plan.Status.Succeeded != 2 || plan.Status.CompletionTime == nil {
+			t.Errorf("succeeded %d completionTime %v", plan.Status.Succeeded, plan.Status.CompletionTime)
+		}
+	})
+	t.Run("success policy deletes the rest", func(t *testing.T) {
+		j := job(wrappers.MakeJob("j", "ns").Indexed().Completions(3).Parallelism(3).SuccessPolicy(wrappers.SucceededIndexes("0")))
+		plan := sync(j, tracked(succeeded("j-0-a").Index(0)), tracked(running("j-1-a").Index(1)))
+		if diff := cmp.Diff([]string{"SuccessCriteriaMet=True/SuccessPolicy"}, conditionSummary(plan.Status.Conditions)); diff != "" {
+			t.Errorf("conditions (-want +got):\n%s", diff)
+		}
+		if len(plan.Delete) != 1 || plan.Delete[0].Pod.Name != "j-1-a" {
+			t.Errorf("delete %+v, want j-1-a", plan.Delete)
+		}
+		if len(plan.Status.UncountedTerminatedPods.Failed) != 0 {
+			t.Errorf("pods deleted after success counted as failed: %v", plan.Status.UncountedTerminatedPods.Failed)
+		}
+	})
+}
+
+func TestFinishedJobOnlyLosesFinalizers(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Completions(1))
+	j.Status.Conditions = []batchv1.JobCondition{{Type: batchv1.JobComplete, Status: corev1.ConditionTrue}}
+	plan := sync(j, tracked(succeeded("j-a")), tracked(running("j-b")))
+	if plan.WriteStatus || len(plan.Create)+len(plan.Delete) != 0 {
+		t.Errorf("a finished Job was written to or managed: %+v", plan)
+	}
+	if got := names(plan.RemoveFinalizer); !cmp.Equal(got, []string{"j-a", "j-b"}) {
+		t.Errorf("finalizers removed from %v", got)
+	}
+}
+
+func TestNoWriteWhenNothingChanges(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Completions(1))
+	plan := sync(j)
+	j.Status = plan.Status
+	plan = sync(j, tracked(running("j-a")))
+	if plan.WriteStatus {
+		t.Errorf("status unchanged but WriteStatus set")
+	}
+}
+
+func TestDuplicateIndexPodsDeleted(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Indexed().Completions(2).Parallelism(2))
+	a := tracked(running("j-0-a").Index(0).Condition(corev1.PodReady, corev1.ConditionTrue))
+	b := tracked(wrappers.MakePod("j-0-b", "ns").Index(0).Phase(corev1.PodPending))
+	plan := sync(j, a, b, tracked(running("j-1-a").Index(1)))
+	if len(plan.Delete) != 1 || plan.Delete[0].Pod.Name != "j-0-b" {
+		t.Errorf("delete %+v, want the pending duplicate j-0-b", plan.Delete)
+	}
+}
+
+func TestAdjustAfterFailedDeletes(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Completions(1))
+	j.Status.Conditions = []batchv1.JobCondition{{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, Reason: "CompletionsReached"}}
+	j.Status.Succeeded = 1
+	stuck := tracked(running("j-b"))
+	plan := sync(j, stuck)
+	old := j.Status
+	plan.Adjust(&old, 0, []*corev1.Pod{stuck})
+	if findCondition(plan.Status.Conditions, batchv1.JobComplete) != nil || plan.Status.Active != 1 {
+		t.Errorf("after a failed delete: conditions %v active %d; want no Complete and the pod active", conditionSummary(plan.Status.Conditions), plan.Status.Active)
+	}
+}
