@@ -313,7 +313,9 @@ func TestBackoffLimitPerIndex(t *testing.T) {
 	for _, e := range plan.Events {
 		ev = append(ev, e.Message)
 	}
-	if !slices.ContainsFunc(ev, func(s string) bool { return strings.Contains(s, "pod ns/j-0-b: container main exited 1") && strings.Contains(s, "index 0 failed") }) {
+	if !slices.ContainsFunc(ev, func(s string) bool {
+		return strings.Contains(s, "pod ns/j-0-b: container main exited 1") && strings.Contains(s, "index 0 failed")
+	}) {
 		t.Errorf("events %q do not explain that index 0 failed", ev)
 	}
 
