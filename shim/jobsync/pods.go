@@ -194,6 +194,10 @@ func newPod(job *batchv1.Job, index int, failureCount, ignoredCount int32) *core
 	if pod.Annotations == nil {
 		pod.Annotations = map[string]string{}
 	}
+	// The API server puts these in the template unless the Job has a manual selector;
+	// coroner's pod informer selects on the first, so every pod carries both.
+	pod.Labels[batchv1.ControllerUidLabel] = string(job.UID)
+	pod.Labels[batchv1.JobNameLabel] = job.Name
 	if index == noIndex {
 		pod.GenerateName = truncate(job.Name+"-", maxGeneratedNameLength)
 		return pod
@@ -230,7 +234,7 @@ func addIndexEnv(c *corev1.Container) {
 	c.Env = append(c.Env, corev1.EnvVar{
 		Name: completionIndexEnv,
 		ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{
-			FieldPath: "metadata.annotations['" + batchv1.JobCompletionIndexAnnotation + "']",
+			FieldPath: "metadata.labels['" + batchv1.JobCompletionIndexAnnotation + "']",
 		}},
 	})
 }

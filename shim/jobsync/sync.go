@@ -593,8 +593,15 @@ func (s *state) track() {
 		}
 		s.finished = s.condition(batchv1.JobComplete, s.finished.Reason, s.finished.Message)
 	}
-	// The terminal condition waits until every pod is counted and none is terminating.
+	// The terminal condition waits until every pod is counted and none is terminating,
+	// and comes at the earliest one write after its interim condition (FailureTarget,
+	// SuccessCriteriaMet), which is thus always observable, as with the built-in
+	// controller's two writes in one sync.
 	if s.finished == nil || reachedMax || len(uncounted.Succeeded)+len(uncounted.Failed) > 0 || s.terminating > 0 {
+		return
+	}
+	if interim := findCondition(job.Status.Conditions, interimOf(s.finished.Type)); interim == nil || interim.Status != corev1.ConditionTrue {
+		s.requeueAfter(backoff.MinRequeue)
 		return
 	}
 	fin := s.finished
@@ -610,6 +617,14 @@ func (s *state) track() {
 		return
 	}
 	s.plan.Events = append(s.plan.Events, Event{corev1.EventTypeWarning, fin.Reason, fin.Message})
+}
+
+// interimOf names the interim condition that precedes a terminal one.
+func interimOf(t batchv1.JobConditionType) batchv1.JobConditionType {
+	if t == batchv1.JobComplete {
+		return batchv1.JobSuccessCriteriaMet
+	}
+	return batchv1.JobFailureTarget
 }
 
 // canRemoveFinalizer: a finished pod's finalizer goes unless it is a failed pod of an
