@@ -1,0 +1,372 @@
+// Package controller is coroner's Job controller: it watches Jobs and their pods with
+// shared informers, and for every Job whose spec.managedBy is its name (S1) carries out
+// the Plan that the pure package shim/jobsync decides, in the order that package
+// documents (pod deletions and creations, one status write, finalizer removals, then
+// Events, metrics and the backoff record).
+//
+// Jobs managed by anyone else are never synced and never written; neither are their pods.
+// The one exception is shared with the built-in Job controller: a pod that still carries
+// the batch.kubernetes.io/job-tracking finalizer although the Job that controlled it is
+// gone (or it lost its controller reference) gets the finalizer removed, whoever managed
+// the Job, because nobody else would (see orphans.go).
+package controller
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	batchlisters "k8s.io/client-go/listers/batch/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/backoff"
+	"github.com/coroner-dev/coroner/shim/jobsync"
+	"github.com/coroner-dev/coroner/shim/metrics"
+)
+
+// Defaults of Config.
+const (
+	DefaultBatchPeriod = time.Second
+	DefaultWorkers     = 5
+	// Component is the Event source of the recorder New builds.
+	Component = "coroner-shim"
+)
+
+// Retry backoff of a key whose sync failed (the built-in controller's DefaultJobApiBackOff
+// and MaxJobApiBackOff).
+const (
+	retryBase = time.Second
+	retryMax  = time.Minute
+)
+
+// controllerUIDIndex indexes pods by the UID of their controller (a batch/v1 Job).
+const controllerUIDIndex = "coroner.dev/controller-uid"
+
+// Config configures a Controller. Zero fields take the defaults.
+type Config struct {
+	// ManagedBy is the spec.managedBy value of the Jobs to manage; default
+	// conditions.ManagedBy.
+	ManagedBy string
+	// Backoff is the delay before failed pods are replaced; default backoff.Default.
+	Backoff backoff.Policy
+	// BatchPeriod delays the sync after a pod event, so that the events of one Job's
+	// pods are handled in one sync; default 1s.
+	BatchPeriod time.Duration
+	// Workers is the number of Jobs synced concurrently; default 5.
+	Workers int
+	// Clock is the controller's clock; default clock.RealClock{}.
+	Clock clock.WithTicker
+	// Metrics receives the controller's metrics; nil means a private registry.
+	Metrics *metrics.Metrics
+	// Recorder emits Events on Jobs; nil means one built from the client, with
+	// source component "coroner-shim".
+	Recorder record.EventRecorder
+}
+
+// Controller syncs the Jobs managed by Config.ManagedBy. Create it with New.
+type Controller struct {
+	client kubernetes.Interface
+	cfg    Config
+	// logger is for the event handlers, which have no context; Run sets it from its
+	// context before the informers start.
+	logger   klog.Logger
+	clock    clock.WithTicker
+	metrics  *metrics.Metrics
+	recorder record.EventRecorder
+	// broadcaster is set when New built the recorder; Run starts and stops it.
+	broadcaster record.EventBroadcaster
+
+	jobFactory, podFactory informers.SharedInformerFactory
+	jobInformer            cache.SharedIndexInformer
+	podInformer            cache.SharedIndexInformer
+	jobLister              batchlisters.JobLister
+	podLister              corelisters.PodLister
+	podIndexer             cache.Indexer
+
+	// queue holds Job keys (namespace/name) to sync; orphanQueue holds pod keys whose
+	// tracking finalizer may have to go because their Job is gone.
+	queue       workqueue.TypedRateLimitingInterface[string]
+	orphanQueue workqueue.TypedRateLimitingInterface[string]
+
+	expectations *expectations
+
+	mu sync.Mutex
+	// records are the global backoff records of the Jobs, by Job UID.
+	records map[types.UID]backoff.Record
+	// written maps a Job key to the resourceVersion that our last status write replaced:
+	// while the Job lister still shows that version, the informer has not caught up with
+	// our write and a sync would decide from a stale status, so it waits for the Job's
+	// update event (the built-in controller's finishedJobExpectations, generalised).
+	written map[string]string
+	// managed are the keys of the managed Jobs that are not finished (for the gauge).
+	managed map[string]struct{}
+	// finishedWithFinalizer are the UIDs of terminated pods of managed Jobs that were
+	// counted by the coroner_terminated_pods_tracking_finalizer_total{event="add"}, so
+	// that "delete" is counted for exactly those.
+	finishedWithFinalizer map[types.UID]struct{}
+	// deletedJobs are the UIDs of Jobs whose delete event this process saw, with when
+	// (see jobGone).
+	deletedJobs map[types.UID]time.Time
+
+	// syncJob is jobsync.Sync; tests replace it with a canned Plan.
+	syncJob func(jobsync.Input) jobsync.Plan
+}
+
+// New builds a Controller for client. It registers the event handlers on its own
+// informers; nothing runs until Run.
+func New(client kubernetes.Interface, cfg Config) *Controller {
+	if cfg.ManagedBy == "" {
+		cfg.ManagedBy = conditions.ManagedBy
+	}
+	if cfg.Backoff == (backoff.Policy{}) {
+		cfg.Backoff = backoff.Default
+	}
+	if cfg.BatchPeriod <= 0 {
+		cfg.BatchPeriod = DefaultBatchPeriod
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = DefaultWorkers
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New(prometheus.NewRegistry())
+	}
+	c := &Controller{
+		client:                client,
+		cfg:                   cfg,
+		clock:                 cfg.Clock,
+		metrics:               cfg.Metrics,
+		recorder:              cfg.Recorder,
+		expectations:          newExpectations(cfg.Clock),
+		records:               map[types.UID]backoff.Record{},
+		written:               map[string]string{},
+		managed:               map[string]struct{}{},
+		finishedWithFinalizer: map[types.UID]struct{}{},
+		deletedJobs:           map[types.UID]time.Time{},
+		syncJob:               jobsync.Sync,
+		logger:                klog.Background(),
+	}
+	if c.recorder == nil {
+		c.broadcaster = record.NewBroadcaster()
+		c.recorder = c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: Component})
+	}
+	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](retryBase, retryMax),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "coroner_job", Clock: cfg.Clock})
+	c.orphanQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](retryBase, retryMax),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "coroner_orphan_pod", Clock: cfg.Clock})
+
+	// Jobs: all of them (spec.managedBy cannot be selected on). Pods: only those that
+	// carry a Job controller UID label, which every Job's pod has.
+	c.jobFactory = informers.NewSharedInformerFactory(client, 0)
+	c.podFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = batchv1.ControllerUidLabel }))
+	jobs := c.jobFactory.Batch().V1().Jobs()
+	pods := c.podFactory.Core().V1().Pods()
+	c.jobInformer, c.jobLister = jobs.Informer(), jobs.Lister()
+	c.podInformer, c.podLister = pods.Informer(), pods.Lister()
+	if err := c.podInformer.AddIndexers(cache.Indexers{controllerUIDIndex: indexByControllerUID}); err != nil {
+		// Only fails once the informer has started, which it has not.
+		panic(fmt.Sprintf("adding the pod index: %v", err))
+	}
+	c.podIndexer = c.podInformer.GetIndexer()
+
+	if _, err := c.jobInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.addJob,
+		UpdateFunc: c.updateJob,
+		DeleteFunc: c.deleteJob,
+	}); err != nil {
+		panic(fmt.Sprintf("adding the Job event handler: %v", err))
+	}
+	if _, err := c.podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.addPod,
+		UpdateFunc: c.updatePod,
+		DeleteFunc: c.deletePod,
+	}); err != nil {
+		panic(fmt.Sprintf("adding the Pod event handler: %v", err))
+	}
+	return c
+}
+
+// indexByControllerUID is the pod index: the UID of the pod's controller when it is a
+// batch/v1 Job.
+func indexByControllerUID(obj any) ([]string, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	ref := jobControllerRef(pod)
+	if ref == nil {
+		return nil, nil
+	}
+	return []string{string(ref.UID)}, nil
+}
+
+// HasSynced reports whether the Job and Pod informers have synced (for /readyz).
+func (c *Controller) HasSynced() bool {
+	return c.jobInformer.HasSynced() && c.podInformer.HasSynced()
+}
+
+// Run starts the informers, waits for their caches to sync, and runs the workers until
+// ctx is done. Then it shuts the queues down and waits for every worker to finish the
+// sync it is in: an in-flight sync carries on with a context that ctx's cancellation does
+// not reach, so that the writes of one sync are not cut in half (callers bound the wait,
+// see shim.Run). It returns an error if the caches did not sync before ctx was done.
+func (c *Controller) Run(ctx context.Context) error {
+	defer utilruntime.HandleCrash()
+	logger := klog.FromContext(ctx)
+	c.logger = logger
+	if c.broadcaster != nil {
+		c.broadcaster.StartStructuredLogging(3)
+		c.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+		defer c.broadcaster.Shutdown()
+	}
+	logger.Info("Starting the Job controller", "managedBy", c.cfg.ManagedBy, "workers", c.cfg.Workers)
+
+	var wg sync.WaitGroup
+	defer func() {
+		logger.Info("Shutting down the Job controller")
+		c.queue.ShutDown()
+		c.orphanQueue.ShutDown()
+		wg.Wait()
+		c.jobFactory.Shutdown()
+		c.podFactory.Shutdown()
+	}()
+
+	c.jobFactory.Start(ctx.Done())
+	c.podFactory.Start(ctx.Done())
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, c.jobInformer.HasSynced, c.podInformer.HasSynced) {
+		return fmt.Errorf("the Job and Pod caches did not sync: %w", context.Cause(ctx))
+	}
+
+	work := context.WithoutCancel(ctx)
+	for range c.cfg.Workers {
+		wg.Go(func() {
+			for c.processNext(ctx, work) {
+			}
+		})
+		wg.Go(func() {
+			for c.processNextOrphan(ctx, work) {
+			}
+		})
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// processNext syncs one Job key. It returns false when the queue is shut down or stop is
+// done; the sync itself runs with work.
+func (c *Controller) processNext(stop, work context.Context) bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+	if stop.Err() != nil {
+		return false
+	}
+	err := c.sync(work, key)
+	switch {
+	case err == nil:
+		c.queue.Forget(key)
+	default:
+		utilruntime.HandleErrorWithContext(work, err, "Syncing the Job failed; will retry", "job", key)
+		c.queue.AddRateLimited(key)
+	}
+	return true
+}
+
+// processNextOrphan handles one pod key from the orphan queue.
+func (c *Controller) processNextOrphan(stop, work context.Context) bool {
+	key, quit := c.orphanQueue.Get()
+	if quit {
+		return false
+	}
+	defer c.orphanQueue.Done(key)
+	if stop.Err() != nil {
+		return false
+	}
+	if err := c.syncOrphanPod(work, key); err != nil {
+		utilruntime.HandleErrorWithContext(work, err, "Removing the tracking finalizer of an orphan pod failed; will retry", "pod", key)
+		c.orphanQueue.AddRateLimited(key)
+		return true
+	}
+	c.orphanQueue.Forget(key)
+	return true
+}
+
+// ours reports whether the controller manages job (S1).
+func (c *Controller) ours(job *batchv1.Job) bool {
+	return job != nil && job.Spec.ManagedBy != nil && *job.Spec.ManagedBy == c.cfg.ManagedBy
+}
+
+// jobFinished reports whether job has a Complete or Failed condition that is True.
+func jobFinished(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+// jobControllerRef returns the pod's controller reference when it is a batch/v1 Job.
+func jobControllerRef(pod *corev1.Pod) *metav1.OwnerReference {
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil || ref.Kind != "Job" || ref.APIVersion != batchv1.SchemeGroupVersion.String() {
+		return nil
+	}
+	return ref
+}
+
+// hasTrackingFinalizer reports whether pod carries batch.kubernetes.io/job-tracking.
+func hasTrackingFinalizer(pod *corev1.Pod) bool {
+	for _, f := range pod.Finalizers {
+		if f == conditions.JobTrackingFinalizer {
+			return true
+		}
+	}
+	return false
+}
+
+// keyOf is the queue key of a Job.
+func keyOf(job *batchv1.Job) string {
+	return cache.MetaObjectToName(job).String()
+}
+
+// completionMode is the completion_mode metric label of job.
+func completionMode(job *batchv1.Job) string {
+	if job.Spec.CompletionMode != nil && *job.Spec.CompletionMode == batchv1.IndexedCompletion {
+		return string(batchv1.IndexedCompletion)
+	}
+	return string(batchv1.NonIndexedCompletion)
+}
+
+// backoffLimitLabel is the backoff_limit metric label of job.
+func backoffLimitLabel(job *batchv1.Job) string {
+	if job.Spec.BackoffLimitPerIndex != nil {
+		return metrics.BackoffLimitPerIndex
+	}
+	return metrics.BackoffLimitGlobal
+}

@@ -1,0 +1,262 @@
+package controller
+
+import (
+	"reflect"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/coroner-dev/coroner/shim/metrics"
+)
+
+// Event handlers. They only read the informer objects, observe expectations and enqueue
+// keys: Job events enqueue the Job (at once for a new Job or a spec change, after the
+// batch period for a status-only update), pod events enqueue the pod's Job after the
+// batch period, so that a burst of pod events makes one sync. Only Jobs managed by
+// Config.ManagedBy are enqueued. Pods whose Job is gone go to the orphan queue.
+
+func (c *Controller) addJob(obj any) {
+	job, ok := obj.(*batchv1.Job)
+	if !ok {
+		return
+	}
+	c.trackManaged(job, false)
+	if !c.ours(job) {
+		return
+	}
+	c.logger.V(4).Info("Job added", "job", klog.KObj(job))
+	c.queue.Add(keyOf(job))
+}
+
+func (c *Controller) updateJob(old, cur any) {
+	oldJob, ok1 := old.(*batchv1.Job)
+	curJob, ok2 := cur.(*batchv1.Job)
+	if !ok1 || !ok2 {
+		return
+	}
+	c.trackManaged(curJob, false)
+	if !c.ours(curJob) {
+		return
+	}
+	if jobFinished(curJob) {
+		c.mu.Lock()
+		delete(c.records, curJob.UID)
+		c.mu.Unlock()
+	}
+	key := keyOf(curJob)
+	if curJob.Generation != oldJob.Generation {
+		c.logger.V(4).Info("Job spec changed", "job", key)
+		c.queue.Add(key)
+		return
+	}
+	c.queue.AddAfter(key, c.cfg.BatchPeriod)
+}
+
+func (c *Controller) deleteJob(obj any) {
+	job, ok := obj.(*batchv1.Job)
+	if !ok {
+		tombstone, ok := obj.(cache.DeletedFinalStateUnknown)
+		if !ok {
+			return
+		}
+		if job, ok = tombstone.Obj.(*batchv1.Job); !ok {
+			return
+		}
+	}
+	c.trackManaged(job, true)
+	c.jobDeleted(job.UID)
+	if !c.ours(job) {
+		return
+	}
+	key := keyOf(job)
+	c.logger.V(4).Info("Job deleted", "job", key, "uid", job.UID)
+	c.expectations.forget(key)
+	c.mu.Lock()
+	delete(c.records, job.UID)
+	delete(c.written, key)
+	c.mu.Unlock()
+	c.queue.Add(key)
+	// Its pods that still carry the tracking finalizer would never go away.
+	objs, _ := c.podIndexer.ByIndex(controllerUIDIndex, string(job.UID))
+	for _, o := range objs {
+		if pod, ok := o.(*corev1.Pod); ok && hasTrackingFinalizer(pod) {
+			c.enqueueOrphan(pod)
+		}
+	}
+}
+
+// trackManaged keeps the set of managed, unfinished Jobs behind the coroner_managed_jobs
+// gauge.
+func (c *Controller) trackManaged(job *batchv1.Job, deleted bool) {
+	key := keyOf(job)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	before := len(c.managed)
+	if !deleted && c.ours(job) && !jobFinished(job) {
+		c.managed[key] = struct{}{}
+	} else {
+		delete(c.managed, key)
+	}
+	if len(c.managed) != before {
+		c.metrics.ManagedJobs.Set(float64(len(c.managed)))
+	}
+}
+
+func (c *Controller) addPod(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	c.trackFinishedWithFinalizer(pod, false)
+	if pod.DeletionTimestamp != nil {
+		// A pod seen for the first time already being deleted (after a restart, or a
+		// relist) is no creation to observe.
+		c.podDeleted(pod, false)
+		return
+	}
+	job, orphan := c.jobOf(pod)
+	if orphan {
+		if hasTrackingFinalizer(pod) {
+			c.enqueueOrphan(pod)
+		}
+		return
+	}
+	if job == nil {
+		return
+	}
+	key := keyOf(job)
+	c.expectations.creationObserved(key)
+	c.queue.AddAfter(key, c.cfg.BatchPeriod)
+}
+
+func (c *Controller) updatePod(old, cur any) {
+	oldPod, ok1 := old.(*corev1.Pod)
+	curPod, ok2 := cur.(*corev1.Pod)
+	if !ok1 || !ok2 {
+		return
+	}
+	c.trackFinishedWithFinalizer(curPod, false)
+	if curPod.ResourceVersion == oldPod.ResourceVersion {
+		return // a resync; nothing changed
+	}
+	if curPod.DeletionTimestamp != nil {
+		// Being deleted: the Job may replace it now rather than when it is gone.
+		c.podDeleted(curPod, false)
+		return
+	}
+	finalizerGone := !hasTrackingFinalizer(curPod)
+	if oldRef, curRef := metav1.GetControllerOf(oldPod), metav1.GetControllerOf(curPod); oldRef != nil && !reflect.DeepEqual(oldRef, curRef) {
+		// The controller reference changed: the old Job must hear of it too.
+		if job, _ := c.jobOf(oldPod); job != nil {
+			key := keyOf(job)
+			if finalizerGone {
+				c.expectations.finalizerRemovalObserved(key, curPod.UID)
+			}
+			c.queue.AddAfter(key, c.cfg.BatchPeriod)
+		}
+	}
+	job, orphan := c.jobOf(curPod)
+	if orphan {
+		if !finalizerGone {
+			c.enqueueOrphan(curPod)
+		}
+		return
+	}
+	if job == nil {
+		return
+	}
+	key := keyOf(job)
+	if finalizerGone {
+		c.expectations.finalizerRemovalObserved(key, curPod.UID)
+	}
+	c.queue.AddAfter(key, c.cfg.BatchPeriod)
+}
+
+func (c *Controller) deletePod(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		tombstone, ok := obj.(cache.DeletedFinalStateUnknown)
+		if !ok {
+			return
+		}
+		if pod, ok = tombstone.Obj.(*corev1.Pod); !ok {
+			return
+		}
+	}
+	c.trackFinishedWithFinalizer(pod, true)
+	c.podDeleted(pod, true)
+}
+
+// podDeleted observes the deletion of pod (final: it is gone; otherwise it has a
+// deletionTimestamp) and enqueues its Job.
+func (c *Controller) podDeleted(pod *corev1.Pod, final bool) {
+	job, orphan := c.jobOf(pod)
+	if orphan {
+		if !final && hasTrackingFinalizer(pod) {
+			c.enqueueOrphan(pod)
+		}
+		return
+	}
+	if job == nil {
+		return
+	}
+	key := keyOf(job)
+	c.expectations.deletionObserved(key, pod.UID)
+	if final || !hasTrackingFinalizer(pod) {
+		c.expectations.finalizerRemovalObserved(key, pod.UID)
+	}
+	c.queue.AddAfter(key, c.cfg.BatchPeriod)
+}
+
+// jobOf resolves the Job controlling pod in the Job lister. It returns the Job when this
+// controller manages it; orphan is true when the pod has no controller at all, or its
+// controlling Job is not in the lister (gone, or the informer is behind: the orphan path
+// asks the API server before it acts). A pod controlled by anything else, or by a Job
+// managed by someone else, gives (nil, false).
+func (c *Controller) jobOf(pod *corev1.Pod) (job *batchv1.Job, orphan bool) {
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil {
+		return nil, true
+	}
+	if jobControllerRef(pod) == nil {
+		return nil, false
+	}
+	job, err := c.jobLister.Jobs(pod.Namespace).Get(ref.Name)
+	if err != nil || job.UID != ref.UID {
+		return nil, true
+	}
+	if !c.ours(job) {
+		return nil, false
+	}
+	return job, false
+}
+
+// trackFinishedWithFinalizer counts, for coroner_terminated_pods_tracking_finalizer_total,
+// the terminated pods of managed Jobs that gain the tracking finalizer (add) and those
+// that lose it or go away (delete). A pod is counted "delete" exactly when it was counted
+// "add" by this process.
+func (c *Controller) trackFinishedWithFinalizer(pod *corev1.Pod, gone bool) {
+	is := !gone && hasTrackingFinalizer(pod) &&
+		(pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed)
+	c.mu.Lock()
+	_, was := c.finishedWithFinalizer[pod.UID]
+	c.mu.Unlock()
+	switch {
+	case is && !was:
+		if job, _ := c.jobOf(pod); job == nil {
+			return
+		}
+		c.mu.Lock()
+		c.finishedWithFinalizer[pod.UID] = struct{}{}
+		c.mu.Unlock()
+		c.metrics.TerminatedPodsTrackingFinalizer.WithLabelValues(metrics.EventAdd).Inc()
+	case !is && was:
+		c.mu.Lock()
+		delete(c.finishedWithFinalizer, pod.UID)
+		c.mu.Unlock()
+		c.metrics.TerminatedPodsTrackingFinalizer.WithLabelValues(metrics.EventDelete).Inc()
+	}
+}

@@ -1,0 +1,118 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// Orphan pods.
+//
+// The tracking finalizer of a pod is removed by the sync of its Job, including, for a
+// finished Job, any left over (jobsync returns them in Plan.RemoveFinalizer). What the
+// sync cannot reach are pods whose Job is gone: deleted with its pods still carrying the
+// finalizer, or deleted with propagationPolicy Orphan, which leaves pods without a
+// controller reference. Nobody would ever remove their finalizer, so the pods would never
+// go away. Like the built-in controller's orphan handling, the pod handlers put such
+// pods (with the finalizer) on a separate queue, and syncOrphanPod removes the finalizer
+// once the API server confirms the Job is gone; this is idempotent, so it does not matter
+// that the built-in controller may do the same for the same pod. A pod whose controller
+// is a Job managed by someone else that still exists is never touched.
+//
+// The Job lister alone is not trusted with "gone": the Pod and Job informers are separate
+// watches, and a pod may reach this controller before its new Job does. syncOrphanPod
+// asks the API server (one GET per such pod) unless this process saw the Job's delete
+// event; Job UIDs are never reused, so that answer never goes stale.
+
+// syncOrphanPod removes the tracking finalizer of the pod with the given key when it has
+// no controller or its controlling Job is gone.
+func (c *Controller) syncOrphanPod(ctx context.Context, key string) error {
+	logger := klog.FromContext(ctx)
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	pod, err := c.podLister.Pods(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !hasTrackingFinalizer(pod) {
+		return nil
+	}
+	if ref := metav1.GetControllerOf(pod); ref != nil {
+		if jobControllerRef(pod) == nil {
+			return nil // controlled by something other than a Job
+		}
+		gone, err := c.jobGone(ctx, ns, ref.Name, ref.UID)
+		if err != nil {
+			return err
+		}
+		if !gone {
+			// Its Job exists: its own controller (this one, through the Job's sync, or
+			// another) is in charge.
+			return nil
+		}
+	}
+	_, err = c.client.CoreV1().Pods(ns).Patch(ctx, name, types.StrategicMergePatchType, removeTrackingFinalizerPatch, metav1.PatchOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("removing the tracking finalizer of orphan pod %s: %w", key, err)
+	}
+	logger.V(2).Info("Removed the tracking finalizer of a pod whose Job is gone", "pod", klog.KObj(pod))
+	return nil
+}
+
+// jobGone reports whether the Job ns/name with the given UID no longer exists: this
+// process saw its delete event, or it is not in the lister and the API server does not
+// have it either (or has another Job of that name).
+func (c *Controller) jobGone(ctx context.Context, ns, name string, uid types.UID) (bool, error) {
+	if job, err := c.jobLister.Jobs(ns).Get(name); err == nil && job.UID == uid {
+		return false, nil
+	}
+	c.mu.Lock()
+	_, seen := c.deletedJobs[uid]
+	c.mu.Unlock()
+	if seen {
+		return true, nil
+	}
+	job, err := c.client.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("checking whether Job %s/%s still exists: %w", ns, name, err)
+	}
+	return job.UID != uid, nil
+}
+
+// deletedJobsKept is how long the UID of a deleted Job is remembered for jobGone: long
+// enough for the garbage collector to delete its pods, short enough to bound the memory.
+const deletedJobsKept = 10 * time.Minute
+
+// jobDeleted remembers that the Job with uid is gone.
+func (c *Controller) jobDeleted(uid types.UID) {
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.deletedJobs) >= 1024 {
+		for u, at := range c.deletedJobs {
+			if now.Sub(at) > deletedJobsKept {
+				delete(c.deletedJobs, u)
+			}
+		}
+	}
+	c.deletedJobs[uid] = now
+}
+
+func (c *Controller) enqueueOrphan(pod *corev1.Pod) {
+	c.orphanQueue.Add(cache.MetaObjectToName(pod).String())
+}

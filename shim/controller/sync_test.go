@@ -1,0 +1,481 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/coroner-dev/coroner/shim/backoff"
+	"github.com/coroner-dev/coroner/shim/jobsync"
+)
+
+// apiCall is one write the controller sent to the API server.
+type apiCall struct {
+	Verb, Resource, Subresource, Name string
+}
+
+func (a apiCall) String() string {
+	s := a.Verb + " " + a.Resource
+	if a.Subresource != "" {
+		s += "/" + a.Subresource
+	}
+	if a.Name != "" {
+		s += " " + a.Name
+	}
+	return s
+}
+
+// recordWrites makes the fake clientset log every write, in the order the API server
+// received them (reads are left out).
+func recordWrites(f *fixture) func() []string {
+	var mu sync.Mutex
+	var calls []string
+	f.client.PrependReactor("*", "*", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if a.GetVerb() == "get" || a.GetVerb() == "list" || a.GetVerb() == "watch" {
+			return false, nil, nil
+		}
+		c := apiCall{Verb: a.GetVerb(), Resource: a.GetResource().Resource, Subresource: a.GetSubresource()}
+		switch a := a.(type) {
+		case clienttesting.PatchAction:
+			c.Name = a.GetName()
+		case clienttesting.DeleteAction:
+			c.Name = a.GetName()
+		case clienttesting.CreateAction:
+			c.Name = a.GetObject().(metav1.Object).GetName()
+		case clienttesting.UpdateAction:
+			c.Name = a.GetObject().(metav1.Object).GetName()
+		}
+		mu.Lock()
+		calls = append(calls, c.String())
+		mu.Unlock()
+		return false, nil, nil
+	})
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(calls)
+	}
+}
+
+// planFor returns a canned jobsync function that checks it is asked about job and
+// returns plan.
+func planFor(t *testing.T, job *batchv1.Job, plan jobsync.Plan) func(jobsync.Input) jobsync.Plan {
+	return func(in jobsync.Input) jobsync.Plan {
+		if in.Job.UID != job.UID {
+			t.Errorf("Sync asked about Job %s, want %s", in.Job.UID, job.UID)
+		}
+		return plan
+	}
+}
+
+// newPlanPod is a pod for Plan.Create, named (the fake clientset does not generate names).
+func newPlanPod(job *batchv1.Job, name string) *corev1.Pod {
+	p := newPod(name, job, "")
+	p.UID = ""
+	p.ResourceVersion = ""
+	return p
+}
+
+// fullPlan deletes "excess" (finalizer first), creates "new", writes the status and then
+// removes the finalizer of "done", with an Event and a backoff record.
+func fullPlan(job *batchv1.Job, excess, done *corev1.Pod) jobsync.Plan {
+	status := *job.Status.DeepCopy()
+	status.Active = 1
+	status.Ready = ptr.To[int32](0)
+	status.UncountedTerminatedPods = &batchv1.UncountedTerminatedPods{Succeeded: []types.UID{done.UID}}
+	return jobsync.Plan{
+		Status:          status,
+		WriteStatus:     true,
+		Delete:          []jobsync.PodDelete{{Pod: excess, RemoveFinalizerFirst: true, Reason: "excess pod"}},
+		Create:          []jobsync.PodCreate{{Pod: newPlanPod(job, "new"), Reason: jobsync.CreateNew}},
+		RemoveFinalizer: []*corev1.Pod{done},
+		Record:          backoff.Record{Failures: 2, LastFailure: time.Date(2026, 3, 1, 11, 59, 0, 0, time.UTC)},
+		RequeueAfter:    7 * time.Second,
+		Events:          []jobsync.Event{{Type: corev1.EventTypeNormal, Reason: "Decided", Message: "because"}},
+		Observations:    jobsync.Observations{PodsFinished: map[string]int{"succeeded": 1}},
+	}
+}
+
+// TestSyncOrder checks that the controller carries out a Plan in jobsync's order:
+// deletions (finalizer first), creations, the one status write, and only then the
+// finalizer removals; Events, the backoff record and the re-queue come last.
+func TestSyncOrder(t *testing.T) {
+	job := newJob("j")
+	excess := newPod("excess", job, corev1.PodRunning)
+	done := newPod("done", job, corev1.PodSucceeded)
+	f := newFixture(t, job, excess, done)
+	f.inCache(t, job, excess, done)
+	writes := recordWrites(f)
+	f.c.syncJob = planFor(t, job, fullPlan(job, excess, done))
+
+	if err := f.c.sync(context.Background(), testNS+"/j"); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	want := []string{
+		"patch pods excess",
+		"delete pods excess",
+		"create pods new",
+		"update jobs/status j",
+		"patch pods done",
+	}
+	if diff := cmp.Diff(want, writes()); diff != "" {
+		t.Errorf("API writes (-want +got):\n%s", diff)
+	}
+	wantEvents := []string{
+		"Normal SuccessfulDelete Deleted pod: excess",
+		"Normal SuccessfulCreate Created pod: new",
+		"Normal Decided because",
+	}
+	if diff := cmp.Diff(wantEvents, f.events()); diff != "" {
+		t.Errorf("Events (-want +got):\n%s", diff)
+	}
+	got, err := f.client.CoreV1().Pods(testNS).Get(context.Background(), "done", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Finalizers) != 0 {
+		t.Errorf("finalizers of the counted pod = %v, want none", got.Finalizers)
+	}
+	written, err := f.client.BatchV1().Jobs(testNS).Get(context.Background(), "j", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if written.Status.Active != 1 || written.Status.UncountedTerminatedPods == nil || len(written.Status.UncountedTerminatedPods.Succeeded) != 1 {
+		t.Errorf("written status = %+v, want the plan's", written.Status)
+	}
+	if got := f.c.records[job.UID]; got.Failures != 2 {
+		t.Errorf("backoff record = %+v, want the plan's", got)
+	}
+	if diff := cmp.Diff([]queued{{Key: testNS + "/j", After: 7 * time.Second}}, f.queue.Calls()); diff != "" {
+		t.Errorf("queue (-want +got):\n%s", diff)
+	}
+	if !f.c.expectations.finalizersBeingRemoved(testNS + "/j").Has(done.UID) {
+		t.Errorf("the finalizer removal of %q is not expected", done.Name)
+	}
+	if f.c.expectations.satisfied(testNS + "/j") {
+		t.Errorf("expectations satisfied although the creation and deletion were not observed yet")
+	}
+	// The informer has not shown the written status yet: the next sync waits for it.
+	f.c.syncJob = func(jobsync.Input) jobsync.Plan { t.Errorf("synced from a stale cache"); return jobsync.Plan{} }
+	if err := f.c.sync(context.Background(), testNS+"/j"); err != nil {
+		t.Fatalf("second sync: %v", err)
+	}
+}
+
+// TestSyncStatusWriteFails checks that when the status write fails no finalizer is
+// removed, no Event of the plan is emitted and the backoff record is kept, and that the
+// error re-queues the Job; a conflict re-queues it without an error.
+func TestSyncStatusWriteFails(t *testing.T) {
+	cases := []struct {
+		name      string
+		err       error
+		wantErr   bool
+		wantQueue []queued
+	}{
+		{
+			name:    "server error",
+			err:     apierrors.NewInternalError(errors.New("etcd is down")),
+			wantErr: true,
+		},
+		{
+			name:      "conflict",
+			err:       apierrors.NewConflict(schema.GroupResource{Group: "batch", Resource: "jobs"}, "j", errors.New("stale")),
+			wantQueue: []queued{{Key: testNS + "/j", After: batchPeriod}},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			job := newJob("j")
+			excess := newPod("excess", job, corev1.PodRunning)
+			done := newPod("done", job, corev1.PodSucceeded)
+			f := newFixture(t, job, excess, done)
+			f.inCache(t, job, excess, done)
+			f.client.PrependReactor("update", "jobs", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				if a.GetSubresource() == "status" {
+					return true, nil, tc.err
+				}
+				return false, nil, nil
+			})
+			writes := recordWrites(f)
+			f.c.records[job.UID] = backoff.Record{Failures: 1}
+			f.c.syncJob = planFor(t, job, fullPlan(job, excess, done))
+
+			err := f.c.sync(context.Background(), testNS+"/j")
+			if (err != nil) != tc.wantErr {
+				t.Errorf("sync error = %v, want error %v", err, tc.wantErr)
+			}
+			for _, w := range writes() {
+				if w == "patch pods done" {
+					t.Errorf("the finalizer of the counted pod was removed although the status write failed")
+				}
+			}
+			for _, e := range f.events() {
+				if strings.Contains(e, "Decided") {
+					t.Errorf("plan Event %q emitted although the status write failed", e)
+				}
+			}
+			if got := f.c.records[job.UID]; got.Failures != 1 {
+				t.Errorf("backoff record = %+v, want the old one kept", got)
+			}
+			if diff := cmp.Diff(tc.wantQueue, f.queue.Calls()); diff != "" {
+				t.Errorf("queue (-want +got):\n%s", diff)
+			}
+			if f.c.expectations.finalizersBeingRemoved(testNS + "/j").Has(done.UID) {
+				t.Errorf("a finalizer removal is expected that was never issued")
+			}
+		})
+	}
+}
+
+// TestSyncSlowStart checks the creation batches 1, 2, 4, ...: after a batch with a failed
+// creation the remaining pods are not attempted, and the status is corrected for every
+// pod that was not created.
+func TestSyncSlowStart(t *testing.T) {
+	terminating := &apierrors.StatusError{ErrStatus: metav1.Status{
+		Status: metav1.StatusFailure, Code: 403, Reason: metav1.StatusReasonForbidden,
+		Message: "namespace ns is being terminated",
+		Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: corev1.NamespaceTerminatingCause}}},
+	}}
+	cases := []struct {
+		name         string
+		creations    int
+		failCall     int   // the call (1-based) that fails; 0: none
+		failWith     error // default a server error
+		wantCalls    int
+		wantNotMade  int
+		wantErr      bool
+		wantFailedEv int
+	}{
+		{name: "all succeed", creations: 10, wantCalls: 10},
+		{name: "first fails: nothing more", creations: 10, failCall: 1, wantCalls: 1, wantNotMade: 10, wantErr: true, wantFailedEv: 1},
+		{name: "second batch fails", creations: 10, failCall: 2, wantCalls: 3, wantNotMade: 8, wantErr: true, wantFailedEv: 1},
+		{name: "third batch fails", creations: 10, failCall: 4, wantCalls: 7, wantNotMade: 4, wantErr: true, wantFailedEv: 1},
+		{name: "last batch fails", creations: 10, failCall: 9, wantCalls: 10, wantNotMade: 1, wantErr: true, wantFailedEv: 1},
+		{name: "namespace terminating: stop, no error", creations: 10, failCall: 2, failWith: terminating, wantCalls: 3, wantNotMade: 8},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			job := newJob("j")
+			f := newFixture(t, job)
+			f.inCache(t, job)
+			var calls atomic.Int32
+			f.client.PrependReactor("create", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				if n := int(calls.Add(1)); n == tc.failCall {
+					if tc.failWith != nil {
+						return true, nil, tc.failWith
+					}
+					return true, nil, apierrors.NewServiceUnavailable("quota controller is down")
+				}
+				return false, nil, nil
+			})
+			plan := jobsync.Plan{WriteStatus: true, Status: *job.Status.DeepCopy()}
+			plan.Status.Active = int32(tc.creations)
+			plan.Status.Ready = ptr.To[int32](0)
+			for i := range tc.creations {
+				plan.Create = append(plan.Create, jobsync.PodCreate{Pod: newPlanPod(job, fmt.Sprintf("p-%d", i)), Reason: jobsync.CreateNew})
+			}
+			f.c.syncJob = planFor(t, job, plan)
+
+			err := f.c.sync(context.Background(), testNS+"/j")
+			if (err != nil) != tc.wantErr {
+				t.Errorf("sync error = %v, want error %v", err, tc.wantErr)
+			}
+			if got := int(calls.Load()); got != tc.wantCalls {
+				t.Errorf("create calls = %d, want %d", got, tc.wantCalls)
+			}
+			written, err := f.client.BatchV1().Jobs(testNS).Get(context.Background(), "j", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := int32(tc.creations - tc.wantNotMade); written.Status.Active != want {
+				t.Errorf("written status.active = %d, want %d", written.Status.Active, want)
+			}
+			// Only the pods that were created are still expected to show up.
+			if got, want := f.c.expectations.byKey[testNS+"/j"].creations, tc.creations-tc.wantNotMade; got != want {
+				t.Errorf("pending creations = %d, want %d", got, want)
+			}
+			failedEvents := 0
+			for _, e := range f.events() {
+				if strings.HasPrefix(e, "Warning FailedCreate") {
+					failedEvents++
+				}
+			}
+			if failedEvents != tc.wantFailedEv {
+				t.Errorf("FailedCreate Events = %d, want %d", failedEvents, tc.wantFailedEv)
+			}
+		})
+	}
+}
+
+// TestSyncDeleteFails checks that a pod that could not be deleted is reported to
+// Plan.Adjust, and that a pod already gone counts as deleted.
+func TestSyncDeleteFails(t *testing.T) {
+	job := newJob("j")
+	stuck := newPod("stuck", job, corev1.PodRunning)
+	gone := newPod("gone", job, corev1.PodRunning)
+	f := newFixture(t, job, stuck) // "gone" is not on the server
+	f.inCache(t, job, stuck, gone)
+	f.client.PrependReactor("delete", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if a.(clienttesting.DeleteAction).GetName() == "stuck" {
+			return true, nil, apierrors.NewInternalError(errors.New("boom"))
+		}
+		return false, nil, nil
+	})
+	plan := jobsync.Plan{WriteStatus: true, Status: *job.Status.DeepCopy()}
+	plan.Status.Active = 0
+	plan.Status.Ready = ptr.To[int32](0)
+	plan.Status.Terminating = ptr.To[int32](2)
+	plan.Delete = []jobsync.PodDelete{{Pod: stuck}, {Pod: gone}}
+	f.c.syncJob = planFor(t, job, plan)
+
+	if err := f.c.sync(context.Background(), testNS+"/j"); err == nil {
+		t.Errorf("sync succeeded although a deletion failed")
+	}
+	written, err := f.client.BatchV1().Jobs(testNS).Get(context.Background(), "j", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if written.Status.Active != 1 || ptr.Deref(written.Status.Terminating, -1) != 1 {
+		t.Errorf("written active=%d terminating=%v, want 1 and 1", written.Status.Active, written.Status.Terminating)
+	}
+	if !f.c.expectations.satisfied(testNS + "/j") {
+		t.Errorf("expectations wait for deletions that failed or found nothing")
+	}
+}
+
+// TestSyncLeavesOthersAlone checks S1 in sync: a Job managed by anyone else is never
+// passed to jobsync and never written, even when its key is queued.
+func TestSyncLeavesOthersAlone(t *testing.T) {
+	for _, managedBy := range []string{"", "kubernetes.io/job-controller", "example.com/other"} {
+		t.Run("managedBy="+managedBy, func(t *testing.T) {
+			job := newJob("j", managedBy)
+			pod := newPod("p", job, corev1.PodSucceeded)
+			f := newFixture(t, job, pod)
+			f.inCache(t, job, pod)
+			writes := recordWrites(f)
+			f.c.syncJob = func(jobsync.Input) jobsync.Plan {
+				t.Errorf("jobsync asked about a Job managed by %q", managedBy)
+				return jobsync.Plan{}
+			}
+			if err := f.c.sync(context.Background(), testNS+"/j"); err != nil {
+				t.Errorf("sync: %v", err)
+			}
+			if w := writes(); len(w) > 0 {
+				t.Errorf("writes for a Job managed by %q: %v", managedBy, w)
+			}
+		})
+	}
+}
+
+// TestSyncInput checks what the controller hands to jobsync: only the Job's own pods,
+// its backoff record, the clock's time and the expectations.
+func TestSyncInput(t *testing.T) {
+	job := newJob("j")
+	mine := newPod("mine", job, corev1.PodRunning)
+	other := newJob("other")
+	theirs := newPod("theirs", other, corev1.PodRunning)
+	// Controlled by the Job but labelled for another: not the Job's pod.
+	mislabelled := newPod("mislabelled", job, corev1.PodRunning)
+	mislabelled.Labels[batchv1.ControllerUidLabel] = "nope"
+	f := newFixture(t, job)
+	f.inCache(t, job, mine, theirs, mislabelled)
+	f.c.records[job.UID] = backoff.Record{Failures: 3}
+	f.c.expectations.expect(testNS+"/j", 1, nil)
+	f.c.expectations.expectFinalizersRemoved(testNS+"/j", []types.UID{"x"})
+	var got jobsync.Input
+	f.c.syncJob = func(in jobsync.Input) jobsync.Plan { got = in; return jobsync.Plan{} }
+	if err := f.c.sync(context.Background(), testNS+"/j"); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range got.Pods {
+		names = append(names, p.Name)
+	}
+	if diff := cmp.Diff([]string{"mine"}, names); diff != "" {
+		t.Errorf("pods (-want +got):\n%s", diff)
+	}
+	if got.Record.Failures != 3 || !got.Now.Equal(f.clock.Now()) || got.ExpectationsSatisfied || !got.FinalizersBeingRemoved.Has("x") || got.Backoff != backoff.Default {
+		t.Errorf("input = %+v", got)
+	}
+	// A plan with a zero record drops the Job's record.
+	if _, ok := f.c.records[job.UID]; ok {
+		t.Errorf("the backoff record was kept although the plan's is zero")
+	}
+}
+
+// TestSyncJobGone checks that a Job gone from the cache makes no call and is forgotten.
+func TestSyncJobGone(t *testing.T) {
+	f := newFixture(t)
+	writes := recordWrites(f)
+	f.c.expectations.expect(testNS+"/j", 3, nil)
+	f.c.syncJob = func(jobsync.Input) jobsync.Plan {
+		t.Errorf("jobsync asked about a Job that is gone")
+		return jobsync.Plan{}
+	}
+	if err := f.c.sync(context.Background(), testNS+"/j"); err != nil {
+		t.Fatal(err)
+	}
+	if !f.c.expectations.satisfied(testNS + "/j") {
+		t.Errorf("expectations of a Job that is gone are kept")
+	}
+	if w := writes(); len(w) > 0 {
+		t.Errorf("writes: %v", w)
+	}
+}
+
+// TestSyncOrphanPod checks when the orphan path removes a pod's tracking finalizer.
+func TestSyncOrphanPod(t *testing.T) {
+	ours := newJob("ours")
+	builtIn := newJob("builtin", "")
+	cases := []struct {
+		name      string
+		pod       *corev1.Pod
+		cache     []runtime.Object // Jobs in the lister
+		server    []runtime.Object // Jobs on the API server
+		wantPatch bool
+	}{
+		{name: "no controller", pod: newPod("p", nil, corev1.PodSucceeded), wantPatch: true},
+		{name: "Job gone from the cache and the server", pod: newPod("p", ours, corev1.PodFailed), wantPatch: true},
+		{name: "Job of another controller gone", pod: newPod("p", builtIn, corev1.PodFailed), wantPatch: true},
+		{name: "Job not in the cache yet but on the server", pod: newPod("p", ours, corev1.PodRunning), server: []runtime.Object{ours}},
+		{name: "Job replaced by one of the same name", pod: newPod("p", ours, corev1.PodFailed), server: []runtime.Object{func() *batchv1.Job {
+			j := ours.DeepCopy()
+			j.UID = "new"
+			return j
+		}()}, wantPatch: true},
+		{name: "Job of another controller still there", pod: newPod("p", builtIn, corev1.PodFailed), cache: []runtime.Object{builtIn}},
+		{name: "our Job still there (its sync is in charge)", pod: newPod("p", ours, corev1.PodFailed), cache: []runtime.Object{ours}},
+		{name: "no finalizer any more", pod: withoutFinalizer(newPod("p", nil, corev1.PodFailed))},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, append(slices.Clone(tc.server), tc.pod)...)
+			f.inCache(t, append(slices.Clone(tc.cache), tc.pod)...)
+			writes := recordWrites(f)
+			if err := f.c.syncOrphanPod(context.Background(), testNS+"/p"); err != nil {
+				t.Fatal(err)
+			}
+			patched := slices.Contains(writes(), "patch pods p")
+			if patched != tc.wantPatch {
+				t.Errorf("finalizer removed = %v, want %v", patched, tc.wantPatch)
+			}
+		})
+	}
+}

@@ -1,0 +1,210 @@
+// Package metrics holds the shim's Prometheus metrics (S8), the equivalents of the
+// built-in Job controller's (k8s.io/kubernetes pkg/controller/job/metrics) under the
+// prefix coroner_ instead of job_controller_. They are registered once, by New, on the
+// registry the caller passes, so that tests can have their own; nothing is registered on
+// the global default registry.
+//
+// Label values are the built-in controller's, so that dashboards carry over:
+//
+//	completion_mode  Indexed, NonIndexed
+//	result           success, error (sync duration); succeeded, failed (everything else)
+//	action           reconciling, tracking, pods_created, pods_deleted
+//	reason           see each metric
+//	status           succeeded, failed
+//	backoff_limit    perIndex, global
+//	event            add, delete
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/coroner-dev/coroner/shim/jobsync"
+)
+
+// Namespace is the prefix of every metric name.
+const Namespace = "coroner"
+
+// Values of the "action" label of coroner_job_sync_duration_seconds.
+const (
+	// ActionReconciling: pod creations or deletions issued by an earlier sync were not
+	// observed yet, so the sync created and deleted nothing.
+	ActionReconciling = "reconciling"
+	// ActionTracking: the sync neither created nor deleted pods (the usual case).
+	ActionTracking = "tracking"
+	// ActionPodsCreated: the sync created pods.
+	ActionPodsCreated = "pods_created"
+	// ActionPodsDeleted: the sync deleted pods.
+	ActionPodsDeleted = "pods_deleted"
+)
+
+// Values of the "result" label of coroner_job_sync_duration_seconds.
+const (
+	ResultSuccess = "success"
+	ResultError   = "error"
+)
+
+// Values of the "result" and "status" labels of the other metrics.
+const (
+	Succeeded = "succeeded"
+	Failed    = "failed"
+)
+
+// Values of the "backoff_limit" label of coroner_job_finished_indexes_total.
+const (
+	BackoffLimitPerIndex = "perIndex"
+	BackoffLimitGlobal   = "global"
+)
+
+// Values of the "event" label of coroner_terminated_pods_tracking_finalizer_total.
+const (
+	EventAdd    = "add"
+	EventDelete = "delete"
+)
+
+// Metrics are the shim's metrics. The zero value is not usable: call New.
+type Metrics struct {
+	// JobSyncDuration (coroner_job_sync_duration_seconds, histogram) is the time one
+	// sync of a managed Job took. Labels: completion_mode, result (success, error),
+	// action (reconciling, tracking, pods_created, pods_deleted).
+	JobSyncDuration *prometheus.HistogramVec
+
+	// JobsFinished (coroner_jobs_finished_total) counts the Jobs this shim marked
+	// Complete or Failed. Labels: completion_mode, result (succeeded, failed), reason
+	// (CompletionsReached, SuccessPolicy, BackoffLimitExceeded, DeadlineExceeded,
+	// PodFailurePolicy, FailedIndexes, MaxFailedIndexesExceeded).
+	JobsFinished *prometheus.CounterVec
+
+	// JobPodsFinished (coroner_job_pods_finished_total) counts the finished pods the
+	// shim has fully tracked: added to status.succeeded or status.failed. Labels:
+	// completion_mode, result (succeeded, failed).
+	JobPodsFinished *prometheus.CounterVec
+
+	// PodFailuresHandledByFailurePolicy
+	// (coroner_pod_failures_handled_by_failure_policy_total) counts failed pods by the
+	// pod failure policy action applied to them. Label: action (FailJob, FailIndex,
+	// Ignore, Count, or None when no rule matched or the Job has no policy).
+	PodFailuresHandledByFailurePolicy *prometheus.CounterVec
+
+	// JobFinishedIndexes (coroner_job_finished_indexes_total) counts the indexes of
+	// Indexed Jobs that finished. Labels: status (succeeded, failed), backoff_limit
+	// (perIndex when the Job has backoffLimitPerIndex, else global).
+	JobFinishedIndexes *prometheus.CounterVec
+
+	// JobPodsCreation (coroner_job_pods_creation_total) counts the pod creations the
+	// shim issued. Labels: reason (new, recreate_terminating_or_failed,
+	// recreate_failed), status (succeeded, failed).
+	JobPodsCreation *prometheus.CounterVec
+
+	// TerminatedPodsTrackingFinalizer
+	// (coroner_terminated_pods_tracking_finalizer_total) counts terminated pods
+	// (phase Succeeded or Failed) of managed Jobs as they gain (add) and lose (delete)
+	// the batch.kubernetes.io/job-tracking finalizer, as the informer sees them; the
+	// difference is the number of finished pods still waiting to be counted. Label:
+	// event (add, delete).
+	TerminatedPodsTrackingFinalizer *prometheus.CounterVec
+
+	// ManagedJobs (coroner_managed_jobs, gauge) is the number of Jobs managed by this
+	// shim that have not finished, as its informer sees them. No labels.
+	ManagedJobs prometheus.Gauge
+}
+
+// New creates the metrics and registers them on reg. It panics if reg already holds
+// metrics of the same names (register once per registry).
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		JobSyncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace,
+			Name:      "job_sync_duration_seconds",
+			Help:      "The time it took to sync a Job. completion_mode: Indexed, NonIndexed; result: success, error; action: reconciling, tracking, pods_created, pods_deleted.",
+			Buckets:   prometheus.ExponentialBuckets(0.004, 2, 15),
+		}, []string{"completion_mode", "result", "action"}),
+		JobsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "jobs_finished_total",
+			Help:      "The number of Jobs that finished. completion_mode: Indexed, NonIndexed; result: succeeded, failed; reason: the reason of the Complete or Failed condition.",
+		}, []string{"completion_mode", "result", "reason"}),
+		JobPodsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "job_pods_finished_total",
+			Help:      "The number of finished Pods that are fully tracked (counted in the Job status). completion_mode: Indexed, NonIndexed; result: succeeded, failed.",
+		}, []string{"completion_mode", "result"}),
+		PodFailuresHandledByFailurePolicy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "pod_failures_handled_by_failure_policy_total",
+			Help:      "The number of failed Pods by the pod failure policy action applied: FailJob, FailIndex, Ignore, Count, or None when no rule matched.",
+		}, []string{"action"}),
+		JobFinishedIndexes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "job_finished_indexes_total",
+			Help:      "The number of finished indexes of Indexed Jobs. status: succeeded, failed; backoff_limit: perIndex, global.",
+		}, []string{"status", "backoff_limit"}),
+		JobPodsCreation: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "job_pods_creation_total",
+			Help:      "The number of Pod creations issued. reason: new, recreate_terminating_or_failed, recreate_failed; status: succeeded, failed.",
+		}, []string{"reason", "status"}),
+		TerminatedPodsTrackingFinalizer: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "terminated_pods_tracking_finalizer_total",
+			Help:      "The number of terminated Pods (phase Succeeded or Failed) of managed Jobs that gained (event add) or lost (event delete) the finalizer batch.kubernetes.io/job-tracking.",
+		}, []string{"event"}),
+		ManagedJobs: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace,
+			Name:      "managed_jobs",
+			Help:      "The number of Jobs managed by this shim that have not finished.",
+		}),
+	}
+	reg.MustRegister(
+		m.JobSyncDuration,
+		m.JobsFinished,
+		m.JobPodsFinished,
+		m.PodFailuresHandledByFailurePolicy,
+		m.JobFinishedIndexes,
+		m.JobPodsCreation,
+		m.TerminatedPodsTrackingFinalizer,
+		m.ManagedJobs,
+	)
+	return m
+}
+
+// Record adds the decisions of one carried-out Plan: pod failures by action, finished
+// pods and indexes, and the finished Job. completionMode is Indexed or NonIndexed and
+// backoffLimit is BackoffLimitPerIndex or BackoffLimitGlobal (jobsync.Observations does
+// not carry the Job's shape). Zero and negative counts are skipped. A nil m records
+// nothing.
+func (m *Metrics) Record(obs jobsync.Observations, completionMode, backoffLimit string) {
+	if m == nil {
+		return
+	}
+	for action, n := range obs.PodFailures {
+		if n > 0 {
+			m.PodFailuresHandledByFailurePolicy.WithLabelValues(action).Add(float64(n))
+		}
+	}
+	for result, n := range obs.PodsFinished {
+		if n > 0 {
+			m.JobPodsFinished.WithLabelValues(completionMode, result).Add(float64(n))
+		}
+	}
+	for status, n := range obs.FinishedIndexes {
+		if n > 0 {
+			m.JobFinishedIndexes.WithLabelValues(status, backoffLimit).Add(float64(n))
+		}
+	}
+	if f := obs.JobFinished; f != nil {
+		result := Failed
+		if f.Succeeded {
+			result = Succeeded
+		}
+		m.JobsFinished.WithLabelValues(completionMode, result, f.Reason).Inc()
+	}
+}
+
+// PodsCreated adds n pod creations with the given reason and status (Succeeded or
+// Failed). A nil m or n <= 0 records nothing.
+func (m *Metrics) PodsCreated(reason jobsync.CreateReason, status string, n int) {
+	if m == nil || n <= 0 {
+		return
+	}
+	m.JobPodsCreation.WithLabelValues(string(reason), status).Add(float64(n))
+}

@@ -1,0 +1,161 @@
+package metrics
+
+import (
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/coroner-dev/coroner/shim/jobsync"
+)
+
+// samples returns every counter and gauge sample of reg as "name{l1=v1,...} value".
+func samples(t *testing.T, reg *prometheus.Registry) []string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			var v float64
+			switch {
+			case m.GetCounter() != nil:
+				v = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				v = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				v = float64(m.GetHistogram().GetSampleCount())
+			}
+			out = append(out, mf.GetName()+"{"+strings.Join(labels, ",")+"} "+strconv.FormatFloat(v, 'g', -1, 64))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestRecord(t *testing.T) {
+	cases := []struct {
+		name         string
+		obs          jobsync.Observations
+		mode         string
+		backoffLimit string
+		want         []string
+	}{
+		{
+			name: "nothing observed",
+			mode: "NonIndexed", backoffLimit: BackoffLimitGlobal,
+			want: []string{"coroner_managed_jobs{} 0"},
+		},
+		{
+			name: "failures by action, finished pods",
+			obs: jobsync.Observations{
+				PodFailures:  map[string]int{"Ignore": 2, "Count": 1, "None": 0},
+				PodsFinished: map[string]int{"failed": 1, "succeeded": 3},
+			},
+			mode: "NonIndexed", backoffLimit: BackoffLimitGlobal,
+			want: []string{
+				"coroner_job_pods_finished_total{completion_mode=NonIndexed,result=failed} 1",
+				"coroner_job_pods_finished_total{completion_mode=NonIndexed,result=succeeded} 3",
+				"coroner_managed_jobs{} 0",
+				"coroner_pod_failures_handled_by_failure_policy_total{action=Count} 1",
+				"coroner_pod_failures_handled_by_failure_policy_total{action=Ignore} 2",
+			},
+		},
+		{
+			name: "indexes finished, Job failed",
+			obs: jobsync.Observations{
+				PodFailures:     map[string]int{"FailIndex": 1},
+				FinishedIndexes: map[string]int{"failed": 1, "succeeded": 2},
+				JobFinished:     &jobsync.JobFinished{Reason: "FailedIndexes"},
+			},
+			mode: "Indexed", backoffLimit: BackoffLimitPerIndex,
+			want: []string{
+				"coroner_job_finished_indexes_total{backoff_limit=perIndex,status=failed} 1",
+				"coroner_job_finished_indexes_total{backoff_limit=perIndex,status=succeeded} 2",
+				"coroner_jobs_finished_total{completion_mode=Indexed,reason=FailedIndexes,result=failed} 1",
+				"coroner_managed_jobs{} 0",
+				"coroner_pod_failures_handled_by_failure_policy_total{action=FailIndex} 1",
+			},
+		},
+		{
+			name: "Job completed",
+			obs:  jobsync.Observations{JobFinished: &jobsync.JobFinished{Succeeded: true, Reason: "CompletionsReached"}},
+			mode: "NonIndexed", backoffLimit: BackoffLimitGlobal,
+			want: []string{
+				"coroner_jobs_finished_total{completion_mode=NonIndexed,reason=CompletionsReached,result=succeeded} 1",
+				"coroner_managed_jobs{} 0",
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			m := New(reg)
+			m.Record(tc.obs, tc.mode, tc.backoffLimit)
+			if diff := cmp.Diff(tc.want, samples(t, reg)); diff != "" {
+				t.Errorf("samples (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestPodsCreatedAndSyncDuration(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.PodsCreated(jobsync.CreateNew, Succeeded, 3)
+	m.PodsCreated(jobsync.CreateRecreateFailed, Failed, 1)
+	m.PodsCreated(jobsync.CreateNew, Failed, 0)
+	m.JobSyncDuration.WithLabelValues("Indexed", ResultSuccess, ActionPodsCreated).Observe(0.01)
+	m.TerminatedPodsTrackingFinalizer.WithLabelValues(EventAdd).Inc()
+	want := []string{
+		"coroner_job_pods_creation_total{reason=new,status=succeeded} 3",
+		"coroner_job_pods_creation_total{reason=recreate_failed,status=failed} 1",
+		"coroner_job_sync_duration_seconds{action=pods_created,completion_mode=Indexed,result=success} 1",
+		"coroner_managed_jobs{} 0",
+		"coroner_terminated_pods_tracking_finalizer_total{event=add} 1",
+	}
+	if diff := cmp.Diff(want, samples(t, reg)); diff != "" {
+		t.Errorf("samples (-want +got):\n%s", diff)
+	}
+}
+
+// TestRegistries checks that metrics live on the registry they were given: two sets on
+// two registries do not collide, and nothing lands on the default registry.
+func TestRegistries(t *testing.T) {
+	a, b := prometheus.NewRegistry(), prometheus.NewRegistry()
+	New(a).ManagedJobs.Set(1)
+	New(b).ManagedJobs.Set(2)
+	if got := samples(t, a); !cmp.Equal(got, []string{"coroner_managed_jobs{} 1"}) {
+		t.Errorf("registry a: %v", got)
+	}
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if strings.HasPrefix(mf.GetName(), Namespace+"_") {
+			t.Errorf("%s is on the default registry", mf.GetName())
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Errorf("registering twice on one registry did not panic")
+		}
+	}()
+	New(a)
+}
+
+func TestNilMetrics(t *testing.T) {
+	var m *Metrics
+	m.Record(jobsync.Observations{PodsFinished: map[string]int{"failed": 1}}, "NonIndexed", BackoffLimitGlobal)
+	m.PodsCreated(jobsync.CreateNew, Succeeded, 1)
+}

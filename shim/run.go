@@ -1,0 +1,273 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
+
+	"github.com/coroner-dev/coroner/shim/backoff"
+	"github.com/coroner-dev/coroner/shim/controller"
+	"github.com/coroner-dev/coroner/shim/metrics"
+)
+
+// ServerCheckTimeout bounds the check, at start, that the API server answers.
+const ServerCheckTimeout = 15 * time.Second
+
+// leaderHealthTimeout is how long the leader may fail to renew its Lease beyond the
+// lease duration before /healthz reports it unhealthy.
+const leaderHealthTimeout = 20 * time.Second
+
+// Run runs coroner-shim until ctx is done: the Job controller (under leader election on
+// a Lease when opts.LeaderElect), /metrics on opts.MetricsAddress, and /healthz and
+// /readyz on opts.HealthAddress (either "0" for off). opts must be valid (Validate).
+//
+// It fails at once, with an error that says so, when the API server cannot be reached
+// at start or a listen address cannot be bound. When ctx is done it stops the
+// controller, waits up to opts.ShutdownGrace for the syncs in flight to finish, then
+// releases the Lease (if it holds it) and closes the HTTP servers, and returns nil.
+// Losing the Lease while leading is an error: the process should exit and start over, as
+// every Kubernetes controller does, since its caches and expectations belong to the term
+// that ended.
+//
+// /healthz answers 200 while the process runs (and, when leading, while the Lease is
+// renewed). /readyz answers 200 once the controller's caches have synced, and also while
+// this replica is standing by without the Lease: a standby has nothing to be ready for,
+// and a Deployment of two replicas must be able to roll out with one of them waiting.
+// The standby starts its informers only when it becomes the leader.
+func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("building the client: %w", err)
+	}
+	if err := checkServer(ctx, client); err != nil {
+		return fmt.Errorf("cannot reach the API server at %s: %w", cfg.Host, err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := metrics.New(reg)
+	ctrl := controller.New(client, controller.Config{
+		ManagedBy: opts.ManagedBy,
+		Backoff:   backoff.Policy{Base: opts.PodBackoffBase, Max: opts.PodBackoffMax},
+		Workers:   opts.Workers,
+		Metrics:   m,
+	})
+
+	var leading, standingBy atomic.Bool
+	var watchdog *leaderelection.HealthzAdaptor
+	if opts.LeaderElect {
+		watchdog = leaderelection.NewLeaderHealthzAdaptor(leaderHealthTimeout)
+		standingBy.Store(true)
+	}
+
+	var servers []*http.Server
+	defer func() {
+		// The controller has stopped (or the grace period is over): close the servers.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		for _, s := range servers {
+			_ = s.Shutdown(sctx)
+		}
+	}()
+	if opts.MetricsAddress != "0" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		s, err := serve(ctx, "metrics", opts.MetricsAddress, mux)
+		if err != nil {
+			return err
+		}
+		servers = append(servers, s)
+	}
+	if opts.HealthAddress != "0" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+			if watchdog != nil {
+				if err := watchdog.Check(r); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+			}
+			_, _ = w.Write([]byte("ok"))
+		})
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+			switch {
+			case ctrl.HasSynced():
+				_, _ = w.Write([]byte("ok"))
+			case standingBy.Load() && !leading.Load():
+				_, _ = w.Write([]byte("ok: standing by without the leader Lease"))
+			default:
+				http.Error(w, "caches not synced yet", http.StatusServiceUnavailable)
+			}
+		})
+		s, err := serve(ctx, "health", opts.HealthAddress, mux)
+		if err != nil {
+			return err
+		}
+		servers = append(servers, s)
+	}
+
+	if !opts.LeaderElect {
+		return runController(ctx, ctrl, opts.ShutdownGrace)
+	}
+	return runLeaderElected(ctx, cfg, opts, ctrl, watchdog, &leading)
+}
+
+// checkServer asks the API server for its version, within ServerCheckTimeout.
+func checkServer(ctx context.Context, client kubernetes.Interface) error {
+	ctx, cancel := context.WithTimeout(ctx, ServerCheckTimeout)
+	defer cancel()
+	body, err := client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Raw()
+	if err != nil {
+		return err
+	}
+	klog.FromContext(ctx).V(2).Info("The API server answers", "version", string(body))
+	return nil
+}
+
+// serve listens on addr (synchronously, so that a bad address fails Run) and serves mux
+// in the background.
+func serve(ctx context.Context, name, addr string, mux http.Handler) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("serving %s: %w", name, err)
+	}
+	s := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	logger := klog.FromContext(ctx)
+	logger.Info("Serving", "server", name, "address", ln.Addr().String())
+	go func() {
+		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error(err, "HTTP server stopped", "server", name)
+		}
+	}()
+	return s, nil
+}
+
+// runController runs ctrl until ctx is done, then waits up to grace for it to stop.
+func runController(ctx context.Context, ctrl *controller.Controller, grace time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- ctrl.Run(ctx) }()
+	select {
+	case err := <-done:
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	case <-ctx.Done():
+	}
+	return waitStopped(ctx, done, grace)
+}
+
+// waitStopped waits up to grace for the controller's Run to return after ctx is done.
+func waitStopped(ctx context.Context, done <-chan error, grace time.Duration) error {
+	logger := klog.FromContext(ctx)
+	logger.Info("Shutting down: letting the syncs in flight finish", "grace", grace)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+		logger.Info("The controller stopped")
+	case <-t.C:
+		logger.Info("The shutdown grace period is over; stopping with syncs in flight", "grace", grace)
+	}
+	return nil
+}
+
+// runLeaderElected runs ctrl while this process holds the Lease.
+func runLeaderElected(ctx context.Context, cfg *rest.Config, opts *Options, ctrl *controller.Controller,
+	watchdog *leaderelection.HealthzAdaptor, leading *atomic.Bool) error {
+	logger := klog.FromContext(ctx)
+	hostname, err := os.Hostname()
+	if err != nil {
+		return fmt.Errorf("leader election identity: %w", err)
+	}
+	id := hostname + "_" + string(uuid.NewUUID())
+	// A client of its own, so that the controller's traffic cannot starve the renewals.
+	leClient, err := kubernetes.NewForConfig(rest.AddUserAgent(rest.CopyConfig(cfg), "leader-election"))
+	if err != nil {
+		return fmt.Errorf("building the leader election client: %w", err)
+	}
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: opts.LeaseNamespace, Name: opts.LeaseName},
+		Client:     leClient.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
+	}
+
+	// The elector runs on a context that ends only after the controller has stopped, so
+	// that the Lease is released (ReleaseOnCancel) once no sync of ours is in flight.
+	leCtx, leCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer leCancel()
+	ctrlDone := make(chan error, 1)
+	var started atomic.Bool
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		LeaseDuration:   opts.LeaseDuration,
+		RenewDeadline:   opts.RenewDeadline,
+		RetryPeriod:     opts.RetryPeriod,
+		ReleaseOnCancel: true,
+		Name:            opts.LeaseName,
+		WatchDog:        watchdog,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(lctx context.Context) {
+				logger.Info("Acquired the leader Lease; starting the controller", "identity", id)
+				leading.Store(true)
+				started.Store(true)
+				// Stop on a lost Lease (lctx) or on shutdown (ctx).
+				cctx, cancel := context.WithCancel(lctx)
+				stop := context.AfterFunc(ctx, cancel)
+				defer stop()
+				defer cancel()
+				ctrlDone <- ctrl.Run(cctx)
+			},
+			OnStoppedLeading: func() {
+				leading.Store(false)
+			},
+			OnNewLeader: func(identity string) {
+				if identity != id {
+					logger.Info("Standing by; another replica holds the leader Lease", "leader", identity)
+				}
+			},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("leader election: %w", err)
+	}
+	leDone := make(chan struct{})
+	go func() {
+		defer close(leDone)
+		le.Run(leCtx)
+	}()
+	logger.Info("Waiting for the leader Lease", "lease", opts.LeaseNamespace+"/"+opts.LeaseName, "identity", id)
+
+	select {
+	case <-leDone:
+		// le.Run returns before leCtx ends only when the Lease was lost.
+		return fmt.Errorf("lost the leader Lease %s/%s", opts.LeaseNamespace, opts.LeaseName)
+	case <-ctx.Done():
+	}
+	if started.Load() {
+		_ = waitStopped(ctx, ctrlDone, opts.ShutdownGrace)
+	}
+	leCancel()
+	select {
+	case <-leDone:
+	case <-time.After(opts.RenewDeadline):
+		logger.Info("Gave up waiting for the leader Lease to be released")
+	}
+	return nil
+}
