@@ -593,11 +593,16 @@ func (s *state) track() {
 		}
 		s.finished = s.condition(batchv1.JobComplete, s.finished.Reason, s.finished.Message)
 	}
-	// The terminal condition waits until every pod is counted and none is terminating,
+	// The terminal condition waits until every pod is counted, none is terminating and
+	// no tracking finalizer is left to remove (this write would precede the removal),
 	// and comes at the earliest one write after its interim condition (FailureTarget,
 	// SuccessCriteriaMet), which is thus always observable, as with the built-in
 	// controller's two writes in one sync.
 	if s.finished == nil || reachedMax || len(uncounted.Succeeded)+len(uncounted.Failed) > 0 || s.terminating > 0 {
+		return
+	}
+	if len(s.plan.RemoveFinalizer) > 0 {
+		s.requeueAfter(backoff.MinRequeue)
 		return
 	}
 	if interim := findCondition(job.Status.Conditions, interimOf(s.finished.Type)); interim == nil || interim.Status != corev1.ConditionTrue {
