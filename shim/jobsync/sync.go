@@ -659,33 +659,28 @@ func (s *state) explainFailure(p *corev1.Pod, r policy.Result, ix int) {
 	if s.job.Spec.PodFailurePolicy == nil && !s.perIndex {
 		return
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "pod %s/%s: %s, ", p.Namespace, p.Name, causeOfDeath(p, r))
+	rule := "no rule matched"
+	if r.Matched() {
+		rule = fmt.Sprintf("matched rule %d (%s)", r.RuleIndex, r.Action)
+	}
 	eventType := corev1.EventTypeWarning
+	var consequence string
 	switch {
-	case !r.Matched():
-		b.WriteString("no rule matched: counts towards the backoff limit")
 	case r.Action == batchv1.PodFailurePolicyActionIgnore:
 		eventType = corev1.EventTypeNormal
-		fmt.Fprintf(&b, "matched rule %d (Ignore): not counted, the pod will be replaced", r.RuleIndex)
+		consequence = "not counted, the pod will be replaced"
+	case r.Action == batchv1.PodFailurePolicyActionFailJob:
+		consequence = "the Job fails"
+	case s.perIndex && ix != noIndex && s.failedIdx.Has(ix):
+		consequence = fmt.Sprintf("index %d failed", ix)
+	case s.perIndex && ix != noIndex:
+		count, _ := backoff.IndexFailureCount(p)
+		consequence = fmt.Sprintf("index %d failure %d of %d allowed", ix, count+1, *s.job.Spec.BackoffLimitPerIndex+1)
 	default:
-		fmt.Fprintf(&b, "matched rule %d (%s)", r.RuleIndex, r.Action)
-		switch r.Action {
-		case batchv1.PodFailurePolicyActionFailJob:
-			b.WriteString(": the Job fails")
-		case batchv1.PodFailurePolicyActionCount:
-			b.WriteString(": counts towards the backoff limit")
-		}
+		consequence = "counts towards the backoff limit"
 	}
-	if s.perIndex && ix != noIndex {
-		if s.failedIdx.Has(ix) {
-			fmt.Fprintf(&b, ": index %d failed", ix)
-		} else if r.CountsAsFailure() {
-			count, _ := backoff.IndexFailureCount(p)
-			fmt.Fprintf(&b, ": index %d failure %d of %d allowed", ix, count+1, *s.job.Spec.BackoffLimitPerIndex+1)
-		}
-	}
-	s.plan.Events = append(s.plan.Events, Event{eventType, conditions.EventReasonPodFailurePolicy, b.String()})
+	msg := fmt.Sprintf("pod %s/%s: %s, %s: %s", p.Namespace, p.Name, causeOfDeath(p, r), rule, consequence)
+	s.plan.Events = append(s.plan.Events, Event{eventType, conditions.EventReasonPodFailurePolicy, msg})
 }
 
 // causeOfDeath says in a few words why the pod failed.
