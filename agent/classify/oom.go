@@ -1,0 +1,499 @@
+package classify
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/coroner-dev/coroner/agent/cgroup"
+	"github.com/coroner-dev/coroner/agent/kmsg"
+)
+
+// ReasonOOMKilled is the container runtime's reason for a container whose
+// process was killed by an OOM killer (containerd and CRI-O spell it so).
+const ReasonOOMKilled = "OOMKilled"
+
+// OOMKind is what ClassifyOOM makes of a container exit.
+type OOMKind string
+
+const (
+	// NotOOM: no evidence that an OOM killer touched the container.
+	NotOOM OOMKind = ""
+	// LimitOOM: killed because the container or its pod reached its own
+	// memory limit: the kernel's oom_memcg is inside the pod's cgroup.
+	LimitOOM OOMKind = "LimitOOM"
+	// NodeOOM: killed by the node: the global OOM killer, or a cgroup above
+	// the pod (kubepods, a QoS class cgroup, the kubelet's cgroup root, the
+	// root) out of memory.
+	NodeOOM OOMKind = "NodeOOM"
+	// UnknownOOM: an OOM killer killed a process of the container, but
+	// nothing says whose limit it was.
+	UnknownOOM OOMKind = "UnknownOOM"
+)
+
+// OOMFacts is what the node knows about one container exit, for
+// ClassifyOOM. Every field but Container is optional: the zero value means
+// "not known", and the classification uses what there is.
+type OOMFacts struct {
+	// Container is the container's name in the pod spec; ContainerID the
+	// runtime's ID of the instance that exited.
+	Container   string
+	ContainerID string
+	// ExitCode and Reason are the runtime's (Reason "OOMKilled", "Error",
+	// "Completed", ...).
+	ExitCode int32
+	Reason   string
+	// StartedAt and FinishedAt bound the container's life.
+	StartedAt, FinishedAt time.Time
+	// PIDs are host PIDs of the container's processes (at least its init
+	// process, from the runtime), to match kernel kills that name no cgroup.
+	PIDs []int
+
+	// TaskOOM reports a containerd /tasks/oom event for this container.
+	// (containerd sends it when its cgroup's OOM counters move, which they
+	// also do when an ancestor's limit or the global OOM killer killed one of
+	// its processes: it says "OOM kill", not "whose".)
+	TaskOOM bool
+
+	// PodUID is the pod's metadata.uid.
+	PodUID string
+	// PodCgroup and ContainerCgroup are the memory cgroup paths of the pod
+	// and the container as the kernel prints them (relative to the memory
+	// hierarchy's root, e.g. /kubepods/burstable/pod<uid>/<id>).
+	PodCgroup       string
+	ContainerCgroup string
+	// Counters is how the container cgroup's memory event counters moved
+	// over its life (cgroup.Sub of a reading at start, or zero, and one at
+	// exit); PodCounters the same for the pod's cgroup over the same time.
+	Counters    *cgroup.Delta
+	PodCounters *cgroup.Delta
+	// MemoryLimit is the container's memory limit in bytes (0: none or not
+	// known); PeakUsage its peak memory usage in bytes (0: not known).
+	MemoryLimit int64
+	PeakUsage   int64
+
+	// Kernel are OOM kills from the kernel log around the container's life,
+	// in the order logged. Kills of other cgroups may be included:
+	// ClassifyOOM keeps only those of this container (see relevantKills).
+	Kernel []kmsg.OOMKill
+}
+
+// Verdict is ClassifyOOM's answer.
+type Verdict struct {
+	Kind      OOMKind
+	Container string
+	// Killer is the memory cgroup that ran out of memory (the kernel's
+	// oom_memcg), when known; KillerLevel what it is. For a global OOM,
+	// Global is true, Killer empty and KillerLevel cgroup.LevelRoot.
+	Killer      string
+	KillerLevel cgroup.Level
+	Global      bool
+	// Constraint is the kernel's constraint (CONSTRAINT_MEMCG, ...), when
+	// logged.
+	Constraint string
+	// Limit and Peak are the container's memory limit and peak usage in
+	// bytes (0: not known); KillerLimit the killing cgroup's limit from the
+	// kernel's report.
+	Limit, Peak, KillerLimit int64
+	// Basis says which evidence decided, Evidence lists all of it; both for
+	// logs and Events.
+	Basis    string
+	Evidence []string
+}
+
+// kernelSlack is how far around the container's life a kernel kill matched
+// by PID alone may lie: the kernel's clock against the wall clock, plus the
+// time from the kill to the runtime noticing the exit.
+const kernelSlack = 30 * time.Second
+
+// ClassifyOOM decides whether a container exit was an OOM kill and whose
+// limit it was. The rules, in order; the first that applies decides:
+//
+//  0. Evidence of an OOM kill is any of: the runtime's reason OOMKilled, a
+//     containerd TaskOOM event, the container cgroup's oom_kill (or v2 oom,
+//     oom_group_kill) counter having moved, or a kernel OOM kill of one of
+//     the container's processes. Without any, the exit is NotOOM, whatever
+//     its code: exit 137 alone is a SIGKILL from anyone (the kubelet
+//     stopping the container, a liveness probe, a preemption), not an OOM
+//     kill. With any, it is an OOM kill whatever the exit code: 137 without
+//     the reason OOMKilled, and also 0 or 1, when a process other than the
+//     container's PID 1 was killed and PID 1 carried on.
+//  1. The kernel's word. A kernel kill of one of the container's processes
+//     that says where the OOM happened decides: a global OOM (the global
+//     OOM killer, constraint CONSTRAINT_NONE, or a cpuset or NUMA memory
+//     policy constraint) is NodeOOM; an oom_memcg inside the pod's own
+//     cgroup subtree (the pod's cgroup or a container's) is LimitOOM; an
+//     oom_memcg above the pod (kubepods, a QoS class cgroup, the kubelet's
+//     cgroup root, the root) is NodeOOM. When several kills of the
+//     container say different things, the kill of one of PIDs (the
+//     container's main process) decides, else the last one logged.
+//  2. cgroup v2 counters (memory.events, hierarchical: a cgroup's oom counts
+//     OOMs at its own limit and at its descendants'). The container's own
+//     oom counter moved: its limit (LimitOOM). The pod's oom counter moved:
+//     a limit inside the pod (LimitOOM; a sibling container reaching its own
+//     limit at the same time as a node OOM would be mistaken for it, a rare
+//     coincidence). Neither moved, both known: the OOM was above the pod
+//     (NodeOOM).
+//  3. cgroup v1 counters. The failcnt of both the container and the pod
+//     stayed 0, so neither limit was ever reached: the OOM was above the
+//     pod (NodeOOM). A failcnt above 0 is not taken as proof of the
+//     opposite: usage reaches a limit routinely (page cache) without an OOM.
+//  4. Usage at the limit. The container's peak usage reached its memory
+//     limit (within 1%): LimitOOM. Reached when the kernel's kill lines were
+//     rate limited (memcg OOM, no summary), or not read.
+//  5. Otherwise UnknownOOM.
+func ClassifyOOM(f OOMFacts) Verdict {
+	v := Verdict{Container: f.Container, Limit: f.MemoryLimit, Peak: f.PeakUsage}
+	podUID := f.PodUID
+	if podUID == "" {
+		podUID = firstNonEmpty(cgroup.ParsePath(f.PodCgroup).PodUID, cgroup.ParsePath(f.ContainerCgroup).PodUID)
+	}
+	kills := relevantKills(f)
+
+	// 0. Is there any evidence of an OOM kill?
+	var ev []string
+	if f.Reason == ReasonOOMKilled {
+		ev = append(ev, "runtime reason OOMKilled")
+	}
+	if f.TaskOOM {
+		ev = append(ev, "containerd TaskOOM event")
+	}
+	if c := f.Counters; c != nil {
+		if c.OOMKill > 0 {
+			ev = append(ev, fmt.Sprintf("container cgroup %s oom_kill +%d", c.Version, c.OOMKill))
+		}
+		if c.Version == cgroup.V2 && c.OOM > 0 {
+			ev = append(ev, fmt.Sprintf("container cgroup v2 oom +%d", c.OOM))
+		}
+		if c.OOMGroupKill > 0 {
+			ev = append(ev, fmt.Sprintf("container cgroup v2 oom_group_kill +%d", c.OOMGroupKill))
+		}
+	}
+	for _, k := range kills {
+		ev = append(ev, describeKill(k))
+	}
+	if len(ev) == 0 {
+		if f.ExitCode == 137 {
+			v.Evidence = []string{"exit code 137 (SIGKILL) without any OOM evidence"}
+		}
+		return v
+	}
+	v.Evidence = ev
+
+	// 1. The kernel's word.
+	if k, conflict, ok := decisiveKill(kills, f, podUID); ok {
+		v.Constraint = k.Constraint
+		if conflict {
+			v.Evidence = append(v.Evidence, "kernel kills of the container disagree; the main process's (or the last) decides")
+		}
+		switch placeOf(k, f, podUID) {
+		case inPod:
+			v.Kind = LimitOOM
+			v.Killer = k.OOMMemcg
+			v.KillerLevel = cgroup.ParsePath(k.OOMMemcg).Level
+			if v.KillerLevel != cgroup.LevelPod && v.KillerLevel != cgroup.LevelContainer {
+				// A layout without pod<uid> elements: placed by PodCgroup.
+				v.KillerLevel = cgroup.LevelContainer
+				if cgroup.Within(f.PodCgroup, k.OOMMemcg) {
+					v.KillerLevel = cgroup.LevelPod
+				}
+			}
+			v.KillerLimit = k.MemcgLimitKB * 1024
+			if v.Peak == 0 && v.KillerLevel == cgroup.LevelContainer {
+				v.Peak = k.MemcgUsageKB * 1024
+			}
+			v.Basis = fmt.Sprintf("kernel: oom_memcg %s is inside the pod's cgroup", k.OOMMemcg)
+		case abovePod:
+			v.Kind = NodeOOM
+			if k.Scope == kmsg.ScopeGlobal {
+				v.Global, v.KillerLevel = true, cgroup.LevelRoot
+				v.Basis = "kernel: global OOM (" + orUnknown(k.Constraint) + ")"
+			} else {
+				v.Killer = k.OOMMemcg
+				v.KillerLevel = cgroup.ParsePath(k.OOMMemcg).Level
+				v.KillerLimit = k.MemcgLimitKB * 1024
+				v.Basis = fmt.Sprintf("kernel: oom_memcg %s is above the pod's cgroup", k.OOMMemcg)
+			}
+		}
+		return v
+	}
+
+	// 2. cgroup v2 counters.
+	c, p := f.Counters, f.PodCounters
+	cV2 := c != nil && c.Version == cgroup.V2
+	pV2 := p != nil && p.Version == cgroup.V2
+	switch {
+	case cV2 && c.OOM > 0:
+		v.Kind, v.KillerLevel = LimitOOM, cgroup.LevelContainer
+		v.Killer = f.ContainerCgroup
+		v.Basis = "cgroup v2: the container's own memory.events oom counter moved"
+		return v
+	case pV2 && p.OOM > 0:
+		v.Kind, v.KillerLevel = LimitOOM, cgroup.LevelPod
+		v.Killer = f.PodCgroup
+		v.Basis = "cgroup v2: the pod's memory.events oom counter moved"
+		return v
+	case cV2 && pV2 && c.OOM == 0 && p.OOM == 0:
+		v.Kind, v.KillerLevel = NodeOOM, cgroup.LevelOther
+		v.Basis = "cgroup v2: killed while neither the container's nor the pod's oom counter moved"
+		return v
+	}
+
+	// 3. cgroup v1 counters: failcnt 0 is proof the limit was never reached.
+	if c != nil && c.Version == cgroup.V1 && p != nil && p.Version == cgroup.V1 && c.FailCnt == 0 && p.FailCnt == 0 {
+		v.Kind, v.KillerLevel = NodeOOM, cgroup.LevelOther
+		v.Basis = "cgroup v1: neither the container's nor the pod's memory.failcnt moved, so neither limit was reached"
+		return v
+	}
+
+	// 4. Usage at the limit.
+	if atLimit(f.PeakUsage, f.MemoryLimit) {
+		v.Kind, v.KillerLevel = LimitOOM, cgroup.LevelContainer
+		v.Killer = f.ContainerCgroup
+		v.Basis = "peak usage reached the container's memory limit"
+		return v
+	}
+
+	// 5.
+	v.Kind = UnknownOOM
+	v.Basis = "OOM kill without evidence of whose limit"
+	return v
+}
+
+// atLimit reports whether peak is within 1% (at least a page) of limit.
+func atLimit(peak, limit int64) bool {
+	if peak <= 0 || limit <= 0 {
+		return false
+	}
+	tol := max(limit/100, 4096)
+	return peak >= limit-tol
+}
+
+// relevantKills returns the kernel kills of this container's processes:
+//
+//   - a kill that names the task's cgroup (task_memcg) is the container's
+//     when that cgroup is the container's cgroup or below it, or holds the
+//     container's ID; when the container's cgroup and ID are both unknown, it
+//     is matched by PID as below;
+//   - a kill of a memory.oom.group whose group cgroup is the container's (or
+//     below it) is the container's;
+//   - any other kill is the container's when its PID is one of PIDs and it
+//     happened during the container's life (give or take kernelSlack, when
+//     the times are known).
+func relevantKills(f OOMFacts) []kmsg.OOMKill {
+	identity := f.ContainerCgroup != "" || f.ContainerID != ""
+	mine := func(p string) bool {
+		if p == "" {
+			return false
+		}
+		if f.ContainerCgroup != "" && cgroup.Within(p, f.ContainerCgroup) {
+			return true
+		}
+		id, ok := cgroup.ContainerIDFromPath(p)
+		return ok && f.ContainerID != "" && sameContainerID(id, f.ContainerID)
+	}
+	var out []kmsg.OOMKill
+	for _, k := range f.Kernel {
+		switch {
+		case k.TaskMemcg != "" && identity:
+			if mine(k.TaskMemcg) {
+				out = append(out, k)
+			}
+		case k.GroupMemcg != "" && mine(k.GroupMemcg):
+			out = append(out, k)
+		case k.PID != 0 && containsPID(f.PIDs, k.PID) && during(k.Time, f):
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// sameContainerID compares full or abbreviated (at least 12 digits)
+// container IDs.
+func sameContainerID(a, b string) bool {
+	if a == b {
+		return a != ""
+	}
+	if len(a) > len(b) {
+		a, b = b, a
+	}
+	return len(a) >= 12 && strings.HasPrefix(b, a)
+}
+
+func containsPID(pids []int, pid int) bool {
+	for _, p := range pids {
+		if p == pid {
+			return true
+		}
+	}
+	return false
+}
+
+func during(t time.Time, f OOMFacts) bool {
+	if t.IsZero() {
+		return true
+	}
+	if !f.StartedAt.IsZero() && t.Before(f.StartedAt.Add(-kernelSlack)) {
+		return false
+	}
+	if !f.FinishedAt.IsZero() && t.After(f.FinishedAt.Add(kernelSlack)) {
+		return false
+	}
+	return true
+}
+
+type place int
+
+const (
+	unplaced place = iota
+	inPod
+	abovePod
+	otherPod
+)
+
+// placeOf says where a kill's OOM happened relative to the pod. A kill of
+// one of the container's processes can only come from the container's own
+// cgroup or an ancestor of it, so an oom_memcg that names a pod names this
+// pod (inPod, at the pod or a container), and one that names no pod is above
+// the pod (abovePod). A pod cgroup of another pod (otherPod) means the facts
+// contradict each other, and the kill is not used.
+func placeOf(k kmsg.OOMKill, f OOMFacts, podUID string) place {
+	switch {
+	case k.Scope == kmsg.ScopeGlobal:
+		return abovePod
+	case k.OOMMemcg == "":
+		return unplaced
+	}
+	p := cgroup.ParsePath(k.OOMMemcg)
+	switch {
+	case p.PodUID != "" && (podUID == "" || cgroup.SameUID(p.PodUID, podUID)):
+		return inPod
+	case p.PodUID != "":
+		return otherPod
+	case f.PodCgroup != "" && cgroup.Within(k.OOMMemcg, f.PodCgroup):
+		return inPod // a layout without pod<uid> elements
+	}
+	return abovePod
+}
+
+// decisiveKill picks the kill that places the OOM: among the kills that
+// place it, the kill of one of PIDs, else the last. conflict reports kills
+// that place it differently.
+func decisiveKill(kills []kmsg.OOMKill, f OOMFacts, podUID string) (k kmsg.OOMKill, conflict, ok bool) {
+	var placed []kmsg.OOMKill
+	for _, k := range kills {
+		if pl := placeOf(k, f, podUID); pl == inPod || pl == abovePod {
+			placed = append(placed, k)
+		}
+	}
+	if len(placed) == 0 {
+		return kmsg.OOMKill{}, false, false
+	}
+	k = placed[len(placed)-1]
+	for _, c := range placed {
+		if containsPID(f.PIDs, c.PID) {
+			k = c
+		}
+	}
+	for _, c := range placed {
+		if placeOf(c, f, podUID) != placeOf(k, f, podUID) {
+			conflict = true
+		}
+	}
+	return k, conflict, true
+}
+
+func describeKill(k kmsg.OOMKill) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "kernel %s OOM kill of pid %d (%s)", k.Scope, k.PID, k.Task)
+	if k.Constraint != "" {
+		b.WriteString(" " + k.Constraint)
+	}
+	if k.OOMMemcg != "" {
+		b.WriteString(" oom_memcg=" + k.OOMMemcg)
+	}
+	return b.String()
+}
+
+// Message is the condition message for a LimitOOM or NodeOOM verdict, naming
+// the container and the limit or cgroup that killed it; empty for the other
+// kinds.
+func (v Verdict) Message() string {
+	switch v.Kind {
+	case LimitOOM:
+		if v.KillerLevel == cgroup.LevelPod {
+			s := fmt.Sprintf("container %s was OOM-killed at its pod's memory limit", v.Container)
+			if v.KillerLimit > 0 {
+				s += " of " + quantity(v.KillerLimit)
+			}
+			if v.Killer != "" {
+				s += " (memory cgroup " + v.Killer + ")"
+			}
+			return s
+		}
+		s := fmt.Sprintf("container %s was OOM-killed at its memory limit", v.Container)
+		if limit := firstPositive(v.Limit, v.KillerLimit); limit > 0 {
+			s += " of " + quantity(limit)
+		}
+		if v.Peak > 0 {
+			s += " (peak " + quantity(v.Peak) + ")"
+		}
+		return s
+	case NodeOOM:
+		switch {
+		case v.Global:
+			return fmt.Sprintf("container %s was killed by the node's OOM killer: the node ran out of memory (global OOM, %s)",
+				v.Container, orUnknown(v.Constraint))
+		case v.Killer != "":
+			return fmt.Sprintf("container %s was killed by the node's OOM killer: memory cgroup %s (%s) ran out of memory",
+				v.Container, v.Killer, levelText(v.Killer, v.KillerLevel))
+		default:
+			return fmt.Sprintf("container %s was killed by the node's OOM killer: neither the container nor its pod reached its memory limit", v.Container)
+		}
+	}
+	return ""
+}
+
+func levelText(path string, l cgroup.Level) string {
+	switch l {
+	case cgroup.LevelKubepods:
+		return "all pods of the node"
+	case cgroup.LevelQoS:
+		return "the " + cgroup.ParsePath(path).QoS + " QoS class"
+	case cgroup.LevelRoot:
+		return "the whole node"
+	}
+	return "above the pod"
+}
+
+// quantity formats bytes as Kubernetes does ("20Mi").
+func quantity(n int64) string {
+	return resource.NewQuantity(n, resource.BinarySI).String()
+}
+
+func firstNonEmpty(ss ...string) string {
+	for _, s := range ss {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
+func firstPositive(ns ...int64) int64 {
+	for _, n := range ns {
+		if n > 0 {
+			return n
+		}
+	}
+	return 0
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "constraint not logged"
+	}
+	return s
+}
