@@ -1,0 +1,183 @@
+package containerd
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func TestMain(m *testing.M) { os.Exit(Main(m)) }
+
+// waitExited polls CRI until the container has exited.
+func waitExited(ctx context.Context, t *testing.T, e *Env, id string) *runtimeapi.ContainerStatus {
+	t.Helper()
+	for {
+		st, err := e.ContainerStatus(ctx, id)
+		if err != nil {
+			t.Fatalf("ContainerStatus: %v", err)
+		}
+		if st.State == runtimeapi.ContainerState_CONTAINER_EXITED {
+			return st
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("container %s did not exit: %v (state %v)", id, ctx.Err(), st.State)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func TestExitCodeAndLabels(t *testing.T) {
+	e := Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	pod, err := e.RunPod(ctx, "ns1", "exit3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sandbox := time.Since(start)
+	id, err := pod.StartContainer(ctx, Container{Name: "main", Command: []string{"sh", "-c", "exit 3"}, MemoryLimit: 64 << 20})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, e.LogTail(3000))
+	}
+	t.Logf("sandbox started in %v, container created and started in %v", sandbox, time.Since(start)-sandbox)
+	st := waitExited(ctx, t, e, id)
+	if st.ExitCode != 3 || st.Reason != "Error" {
+		t.Errorf("exit code %d reason %q, want 3 Error", st.ExitCode, st.Reason)
+	}
+	for k, want := range map[string]string{LabelPodNamespace: "ns1", LabelPodName: "exit3", LabelPodUID: pod.UID, LabelContainerName: "main"} {
+		if st.Labels[k] != want {
+			t.Errorf("label %s = %q, want %q", k, st.Labels[k], want)
+		}
+	}
+	// The container ran in the pod's cgroup, under the test cgroup.
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", pod.CgroupParent)); err != nil {
+		t.Errorf("pod cgroup: %v", err)
+	}
+	if err := pod.Remove(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestVerboseStatus(t *testing.T) {
+	e := Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pod, err := e.RunPod(ctx, "ns1", "verbose")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Remove(ctx)
+	id, err := pod.StartContainer(ctx, Container{Name: "main", Command: []string{"sleep", "3600"}, MemoryLimit: 32 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.Runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := r.Info["info"]
+	if !strings.Contains(info, pod.CgroupParent+"/"+id) {
+		t.Errorf("verbose info does not name the cgroup %s/%s:\n%.2000s", pod.CgroupParent, id, info)
+	}
+	limit, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", pod.CgroupParent, id, "memory.limit_in_bytes"))
+	if err != nil || strings.TrimSpace(string(limit)) != "33554432" {
+		t.Errorf("memory.limit_in_bytes = %q, %v; want 33554432", limit, err)
+	}
+	t.Logf("resources in status: %v", r.Status.Resources)
+}
+
+// TestRestartKeepsContainers: containers keep running while containerd is down, and an
+// exit that happens meanwhile is reported after the restart.
+func TestRestartKeepsContainers(t *testing.T) {
+	e := Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pod, err := e.RunPod(ctx, "ns1", "restart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Remove(ctx)
+	id, err := pod.StartContainer(ctx, Container{Name: "main", Command: []string{"sh", "-c", "while [ ! -e /tmp/stop ]; do sleep 0.1; done; exit 7"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Kill()
+	// The container is still running; make it exit while containerd is down.
+	pids := cgroupPIDs(e.CgroupName)
+	if len(pids) == 0 {
+		t.Fatal("no container processes while containerd is down")
+	}
+	var found bool
+	for _, pid := range pids {
+		if cmd, _ := os.ReadFile("/proc/" + itoa(pid) + "/cmdline"); strings.Contains(string(cmd), "/tmp/stop") {
+			root := "/proc/" + itoa(pid) + "/root/tmp/stop"
+			if err := os.WriteFile(root, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			found = true
+		}
+	}
+	if !found {
+		t.Fatal("container process not found")
+	}
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	if err := e.StartAgain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("containerd restarted in %v", time.Since(start))
+	st := waitExited(ctx, t, e, id)
+	if st.ExitCode != 7 {
+		t.Errorf("exit code %d, want 7", st.ExitCode)
+	}
+}
+
+// TestStopLeavesNothing starts a second containerd, runs a container, and checks that
+// Stop leaves no process, mount, cgroup or directory.
+func TestStopLeavesNothing(t *testing.T) {
+	Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e, err := Start(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Stop()
+	pod, err := e.RunPod(ctx, "ns1", "leftover")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pod.StartContainer(ctx, Container{Name: "main", Command: []string{"sleep", "3600"}}); err != nil {
+		t.Fatal(err)
+	}
+	// Make Stop's CRI cleanup impossible, as if the test had crashed: only the sweep
+	// remains.
+	e.Kill()
+	e.Stop()
+	if p := processesUsing(e.Dir); len(p) > 0 {
+		t.Errorf("processes left: %v", p)
+	}
+	if p := cgroupPIDs(e.CgroupName); len(p) > 0 {
+		t.Errorf("container processes left: %v", p)
+	}
+	if d := cgroupDirs(e.CgroupName); len(d) > 0 {
+		t.Errorf("cgroups left: %v", d)
+	}
+	if _, err := os.Stat(e.Dir); !os.IsNotExist(err) {
+		t.Errorf("directory left: %v", err)
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), e.Dir) {
+		t.Errorf("mounts left under %s", e.Dir)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }

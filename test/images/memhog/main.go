@@ -1,0 +1,71 @@
+// Command memhog allocates memory until it is killed, for tests of OOM kills. It is built
+// statically (CGO_ENABLED=0) into the busybox test image as /bin/memhog.
+//
+//	memhog [-step-mib N] [-interval D] [-max-mib M] [-child]
+//
+// Every interval it allocates step-mib MiB and writes to every page, so the memory is
+// resident and charged to the container's memory cgroup; it never frees. With -max-mib it
+// stops growing at M MiB and sleeps forever. With -child it runs the allocation in a
+// child process and waits for it: the child is the biggest process in the cgroup, so the
+// OOM killer picks it while memhog itself (PID 1 of the container) survives, reports how
+// the child ended on stderr, and sleeps until it is stopped. That is the "a child process
+// was OOM-killed but the container kept running" case, where no exit code says OOM.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+func main() {
+	step := flag.Int("step-mib", 4, "MiB to allocate per step")
+	interval := flag.Duration("interval", 20*time.Millisecond, "time between steps")
+	maxMiB := flag.Int("max-mib", 0, "stop growing at this many MiB (0: never)")
+	child := flag.Bool("child", false, "allocate in a child process and survive its death")
+	flag.Parse()
+
+	if *child {
+		runChild(*step, *interval, *maxMiB)
+		return
+	}
+	hog(*step, *interval, *maxMiB)
+}
+
+// hog allocates and touches step MiB per interval, forever or up to max MiB.
+func hog(step int, interval time.Duration, maxMiB int) {
+	var keep [][]byte
+	total := 0
+	for {
+		if maxMiB == 0 || total < maxMiB {
+			b := make([]byte, step<<20)
+			for i := 0; i < len(b); i += 4096 {
+				b[i] = 1
+			}
+			keep = append(keep, b)
+			total += step
+			fmt.Fprintf(os.Stderr, "memhog: %d MiB\n", total)
+		}
+		time.Sleep(interval)
+	}
+}
+
+// runChild starts memhog again without -child, waits for it and then waits for SIGTERM.
+func runChild(step int, interval time.Duration, maxMiB int) {
+	self, err := os.Executable()
+	if err != nil {
+		self = "/bin/memhog"
+	}
+	cmd := exec.Command(self, fmt.Sprintf("-step-mib=%d", step), fmt.Sprintf("-interval=%v", interval),
+		fmt.Sprintf("-max-mib=%d", maxMiB))
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	err = cmd.Run()
+	fmt.Fprintf(os.Stderr, "memhog: child ended: %v\n", err)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+}

@@ -1,0 +1,326 @@
+// Package cri_test runs the cri package's Watcher against a real containerd 1.6 with runc
+// (test/containerd), the test playing the kubelet over CRI.
+package cri_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/coroner-dev/coroner/cri"
+	"github.com/coroner-dev/coroner/test/containerd"
+)
+
+func TestMain(m *testing.M) { os.Exit(containerd.Main(m)) }
+
+// recorder drains a Watcher's events into a list that tests wait on.
+type recorder struct {
+	mu     sync.Mutex
+	events []cri.ContainerEvent
+	added  chan struct{}
+}
+
+// watch starts a Watcher on the shared containerd and records its events until the test
+// ends.
+func watch(t *testing.T, env *containerd.Env, opts cri.Options) (*cri.Watcher, *recorder) {
+	t.Helper()
+	opts.Endpoint = env.Endpoint
+	w := cri.New(opts)
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	r := &recorder{added: make(chan struct{}, 1)}
+	events := w.Events(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range events {
+			r.mu.Lock()
+			r.events = append(r.events, ev)
+			r.mu.Unlock()
+			select {
+			case r.added <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return w, r
+}
+
+// matching returns the recorded events that match.
+func (r *recorder) matching(match func(cri.ContainerEvent) bool) []cri.ContainerEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []cri.ContainerEvent
+	for _, ev := range r.events {
+		if match(ev) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// wait returns the first event that matches, failing after timeout.
+func (r *recorder) wait(t *testing.T, what string, timeout time.Duration, match func(cri.ContainerEvent) bool) cri.ContainerEvent {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		if evs := r.matching(match); len(evs) > 0 {
+			return evs[0]
+		}
+		select {
+		case <-r.added:
+		case <-deadline:
+			t.Fatalf("no %s event within %v; recorded: %+v", what, timeout, r.matching(func(cri.ContainerEvent) bool { return true }))
+		}
+	}
+}
+
+func is(kind cri.Kind, id string) func(cri.ContainerEvent) bool {
+	return func(ev cri.ContainerEvent) bool { return ev.Kind == kind && ev.ContainerID == id }
+}
+
+func ofContainer(id string) func(cri.ContainerEvent) bool {
+	return func(ev cri.ContainerEvent) bool { return ev.ContainerID == id }
+}
+
+// settle lets two relists and any late containerd events pass, to catch duplicates.
+const settle = 2100 * time.Millisecond
+
+func TestExitCode(t *testing.T) {
+	env := containerd.Shared(t)
+	for _, tc := range []struct {
+		name string
+		opts cri.Options
+		// wantSource is where the exit is expected to be seen first.
+		wantSource string
+	}{
+		{name: "containerd events", opts: cri.Options{}, wantSource: cri.SourceContainerd},
+		{name: "relist only", opts: cri.Options{NoContainerdEvents: true}, wantSource: cri.SourceRelist},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			w, rec := watch(t, env, tc.opts)
+			waitUntil(t, "connected", w.Connected)
+
+			start := time.Now()
+			pod, err := env.RunPod(ctx, "it", "exit3")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pod.Remove(ctx)
+			sandboxAt := time.Since(start)
+			id, err := pod.StartContainer(ctx, containerd.Container{Name: "main", Command: []string{"sh", "-c", "sleep 0.2; exit 3"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("sandbox started in %v, container created and started in %v", sandboxAt.Round(time.Millisecond), (time.Since(start) - sandboxAt).Round(time.Millisecond))
+
+			ev := rec.wait(t, "Exited", 10*time.Second, is(cri.Exited, id))
+			if ev.ExitCode != 3 || ev.Reason != "Error" || ev.PodNamespace != "it" || ev.PodName != "exit3" ||
+				ev.PodUID != pod.UID || ev.ContainerName != "main" || ev.SandboxID != pod.SandboxID || ev.FinishedAt.IsZero() {
+				t.Errorf("Exited event %+v", ev)
+			}
+			if ev.Source != tc.wantSource {
+				t.Errorf("exit seen by %s, want %s", ev.Source, tc.wantSource)
+			}
+			t.Logf("exit to event: %v (source %s)", ev.ObservedAt.Sub(ev.FinishedAt).Round(time.Millisecond), ev.Source)
+			if started := rec.matching(is(cri.Started, id)); len(started) == 1 {
+				if want := pod.CgroupParent + "/" + id; started[0].CgroupPath != want {
+					t.Errorf("cgroup path %q, want %q", started[0].CgroupPath, want)
+				}
+			}
+			time.Sleep(settle)
+			if n := len(rec.matching(is(cri.Exited, id))); n != 1 {
+				t.Errorf("%d Exited events, want 1", n)
+			}
+		})
+	}
+}
+
+func TestOOMKilled(t *testing.T) {
+	env := containerd.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, rec := watch(t, env, cri.Options{})
+	pod, err := env.RunPod(ctx, "it", "oom")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Remove(ctx)
+	id, err := pod.StartContainer(ctx, containerd.Container{Name: "hog", Command: []string{"/bin/memhog"}, MemoryLimit: 20 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := rec.wait(t, "Exited", 30*time.Second, is(cri.Exited, id))
+	if ev.Reason != "OOMKilled" || ev.ExitCode != 137 || ev.PodName != "oom" || ev.ContainerName != "hog" {
+		t.Errorf("Exited event %+v, want reason OOMKilled, exit code 137", ev)
+	}
+	oom := rec.wait(t, "OOM", 10*time.Second, is(cri.OOM, id))
+	if oom.Source != cri.SourceContainerd || oom.PodUID != pod.UID || oom.MemoryLimit != 20<<20 || oom.OOMAt.IsZero() {
+		t.Errorf("OOM event %+v", oom)
+	}
+	t.Logf("exit to event: %v (source %s); OOM event %v after the kill, exit %v after",
+		ev.ObservedAt.Sub(ev.FinishedAt).Round(time.Millisecond), ev.Source,
+		oom.ObservedAt.Sub(oom.OOMAt).Round(time.Millisecond), ev.FinishedAt.Sub(oom.OOMAt).Round(time.Millisecond))
+	time.Sleep(settle)
+	if n := len(rec.matching(is(cri.Exited, id))); n != 1 {
+		t.Errorf("%d Exited events, want 1", n)
+	}
+}
+
+// TestChildOOMKilled: the kernel kills a child process over the limit while PID 1
+// survives: an OOM event, and no exit.
+func TestChildOOMKilled(t *testing.T) {
+	env := containerd.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, rec := watch(t, env, cri.Options{})
+	pod, err := env.RunPod(ctx, "it", "child-oom")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Remove(ctx)
+	id, err := pod.StartContainer(ctx, containerd.Container{Name: "hog", Command: []string{"/bin/memhog", "-child"}, MemoryLimit: 20 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oom := rec.wait(t, "OOM", 30*time.Second, is(cri.OOM, id))
+	if oom.PodName != "child-oom" || oom.ContainerName != "hog" {
+		t.Errorf("OOM event %+v", oom)
+	}
+	time.Sleep(settle)
+	if evs := rec.matching(is(cri.Exited, id)); len(evs) > 0 {
+		t.Errorf("the container exited: %+v", evs[0])
+	}
+	st, err := env.ContainerStatus(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State.String() != "CONTAINER_RUNNING" {
+		t.Errorf("container state %v, want running", st.State)
+	}
+}
+
+// TestRuntimeRestart: containerd dies, the container exits while it is down, containerd
+// comes back: the exit is delivered once.
+func TestRuntimeRestart(t *testing.T) {
+	env := containerd.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	w, rec := watch(t, env, cri.Options{})
+	pod, err := env.RunPod(ctx, "it", "restart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Remove(ctx)
+	id, err := pod.StartContainer(ctx, containerd.Container{Name: "main",
+		Command: []string{"sh", "-c", "while [ ! -e /tmp/stop ]; do sleep 0.05; done; exit 7"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := rec.wait(t, "Started", 10*time.Second, is(cri.Started, id))
+	pid := containerPID(t, started.CgroupPath)
+
+	env.Kill()
+	waitUntil(t, "the watcher noticing containerd is gone", func() bool { return !w.Connected() })
+	t.Logf("watcher: %v", w.LastError())
+	if err := os.WriteFile(filepath.Join("/proc", strconv.Itoa(pid), "root/tmp/stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the container exiting", func() bool { return !alive(pid) })
+	if n := len(rec.matching(ofContainer(id))); n != 1 {
+		t.Errorf("%d events before the restart, want only Started", n)
+	}
+
+	start := time.Now()
+	if err := env.StartAgain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	ev := rec.wait(t, "Exited", 30*time.Second, is(cri.Exited, id))
+	t.Logf("containerd ready again %v after its start; the exit that happened while it was down delivered %v after its start (source %s)",
+		restarted.Sub(start).Round(time.Millisecond), ev.ObservedAt.Sub(start).Round(time.Millisecond), ev.Source)
+	if ev.ExitCode != 7 || ev.PodName != "restart" {
+		t.Errorf("Exited event %+v", ev)
+	}
+	time.Sleep(settle)
+	if n := len(rec.matching(is(cri.Exited, id))); n != 1 {
+		t.Errorf("%d Exited events, want 1", n)
+	}
+	// containerd 1.6 has no GetContainerEvents: relist mode, plus containerd's events.
+	if st := w.Stats(); !st.Connected || st.Connects < 2 || !st.ContainerdEvents || st.Mode != cri.ModeRelist ||
+		!strings.HasPrefix(st.Runtime, "containerd ") {
+		t.Errorf("stats after the restart: %+v", st)
+	}
+}
+
+func TestUnlabeledContainersIgnored(t *testing.T) {
+	env := containerd.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w, rec := watch(t, env, cri.Options{})
+	pod, err := env.RunPod(ctx, "it", "unlabeled")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Remove(ctx)
+	id, err := pod.StartContainer(ctx, containerd.Container{Name: "other", Command: []string{"sh", "-c", "exit 1"}, Unlabeled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the container counted as ignored", func() bool { return w.Stats().IgnoredContainers >= 1 })
+	time.Sleep(settle)
+	if evs := rec.matching(ofContainer(id)); len(evs) > 0 {
+		t.Errorf("events for a container without the kubelet's labels: %+v", evs)
+	}
+}
+
+// containerPID reads the container's main process from its memory cgroup.
+func containerPID(t *testing.T, cgroupPath string) int {
+	t.Helper()
+	if cgroupPath == "" {
+		t.Fatal("no cgroup path in the Started event")
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cgroupPath, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if cmd, _ := os.ReadFile("/proc/" + f + "/cmdline"); strings.Contains(string(cmd), "/tmp/stop") {
+			pid, _ := strconv.Atoi(f)
+			return pid
+		}
+	}
+	t.Fatalf("no shell in cgroup %s: %q", cgroupPath, b)
+	return 0
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 30s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
