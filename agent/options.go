@@ -1,6 +1,3 @@
-// Package agent is coroner's node side: it watches the container runtime for exits, OOM
-// kills and evictions on its own node and stamps the pods with why they died before they
-// are deleted, and it can fence its node when it loses the API server.
 package agent
 
 import (
@@ -21,9 +18,13 @@ type Options struct {
 	NodeName            string
 	RuntimeEndpoint     string
 	ContainerdNamespace string
+	ContainerdEvents    bool
 	RelistPeriod        time.Duration
+	CgroupRoot          string
+	KmsgPath            string
 	PhaseGrace          time.Duration
 	ExitHistorySize     int
+	StampBatchPeriod    time.Duration
 	Fencing             bool
 	FenceAfter          time.Duration
 	MetricsAddress      string
@@ -36,9 +37,13 @@ func NewOptions() *Options {
 	return &Options{
 		RuntimeEndpoint:     "unix:///run/containerd/containerd.sock",
 		ContainerdNamespace: "k8s.io",
+		ContainerdEvents:    true,
 		RelistPeriod:        time.Second,
+		CgroupRoot:          "/sys/fs/cgroup",
+		KmsgPath:            "/dev/kmsg",
 		PhaseGrace:          5 * time.Second,
 		ExitHistorySize:     10,
+		StampBatchPeriod:    100 * time.Millisecond,
 		Fencing:             false,
 		FenceAfter:          2 * time.Minute,
 		MetricsAddress:      ":8090",
@@ -53,11 +58,15 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "This node's name; default $NODE_NAME, else the hostname.")
 	fs.StringVar(&o.RuntimeEndpoint, "runtime-endpoint", o.RuntimeEndpoint, "CRI endpoint of the container runtime (unix:// socket).")
 	fs.StringVar(&o.ContainerdNamespace, "containerd-namespace", o.ContainerdNamespace, "containerd namespace of the kubelet's containers, for containerd's event stream.")
+	fs.BoolVar(&o.ContainerdEvents, "containerd-events", o.ContainerdEvents, "Where the runtime is containerd, also follow its event service (task exits and OOM kills) on the same socket: exits are seen in tens of milliseconds instead of up to a relist period.")
 	fs.DurationVar(&o.RelistPeriod, "relist-period", o.RelistPeriod, "How often to relist containers when the runtime has no GetContainerEvents stream.")
+	fs.StringVar(&o.CgroupRoot, "cgroup-root", o.CgroupRoot, "Where the cgroup hierarchies are mounted, to read containers' memory counters (OOM evidence); empty turns cgroup reading off.")
+	fs.StringVar(&o.KmsgPath, "kmsg-path", o.KmsgPath, "The kernel log device, to read the kernel's OOM kill reports (which cgroup hit its limit); needs CAP_SYSLOG; empty turns it off.")
 	fs.DurationVar(&o.PhaseGrace, "phase-grace", o.PhaseGrace, "How long a deleted pod whose containers all exited may keep phase Running before the agent sets a terminal phase (the kubelet's chance to do it first).")
 	fs.IntVar(&o.ExitHistorySize, "exit-history-size", o.ExitHistorySize, "How many container exits to keep in the coroner.dev/exit-history annotation of restarting pods.")
-	fs.BoolVar(&o.Fencing, "fencing", o.Fencing, "Stop opted-in containers when the API server has been unreachable for --fence-after.")
-	fs.DurationVar(&o.FenceAfter, "fence-after", o.FenceAfter, "How long without the API server before fencing.")
+	fs.DurationVar(&o.StampBatchPeriod, "stamp-batch-period", o.StampBatchPeriod, "How long a pod's first pending stamp waits for others of the same pod: at most one write per pod per period.")
+	fs.BoolVar(&o.Fencing, "fencing", o.Fencing, "Not yet implemented (requirement A6; the flag is accepted and ignored): stop opted-in containers when the API server has been unreachable for --fence-after.")
+	fs.DurationVar(&o.FenceAfter, "fence-after", o.FenceAfter, "Not yet implemented (see --fencing): how long without the API server before fencing.")
 	fs.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "host:port that serves /metrics and /healthz; \"0\" turns it off.")
 	fs.Float32Var(&o.QPS, "kube-api-qps", o.QPS, "Steady queries per second to the API server.")
 	fs.IntVar(&o.Burst, "kube-api-burst", o.Burst, "Burst of queries to the API server; at least --kube-api-qps.")
@@ -92,6 +101,15 @@ func (o *Options) Validate() error {
 	}
 	if o.RelistPeriod < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("--relist-period=%v: must be at least 100ms", o.RelistPeriod))
+	}
+	if o.CgroupRoot != "" && !strings.HasPrefix(o.CgroupRoot, "/") {
+		errs = append(errs, fmt.Errorf("--cgroup-root=%q: want an absolute path (or empty for off)", o.CgroupRoot))
+	}
+	if o.KmsgPath != "" && !strings.HasPrefix(o.KmsgPath, "/") {
+		errs = append(errs, fmt.Errorf("--kmsg-path=%q: want an absolute path (or empty for off)", o.KmsgPath))
+	}
+	if o.StampBatchPeriod < 10*time.Millisecond || o.StampBatchPeriod > 10*time.Second {
+		errs = append(errs, fmt.Errorf("--stamp-batch-period=%v: must be between 10ms and 10s", o.StampBatchPeriod))
 	}
 	if o.PhaseGrace < 0 {
 		errs = append(errs, fmt.Errorf("--phase-grace=%v: must not be negative", o.PhaseGrace))

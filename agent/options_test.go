@@ -24,6 +24,10 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 		{name: "fencing with a tiny deadline", args: []string{"--node-name=n", "--fencing", "--fence-after=1s"}, wantErr: []string{"--fence-after"}},
 		{name: "tiny deadline fine when fencing is off", args: []string{"--node-name=n", "--fence-after=1s"}, wantNodeName: "n"},
 		{name: "history size out of range", args: []string{"--node-name=n", "--exit-history-size=0"}, wantErr: []string{"--exit-history-size"}},
+		{name: "relative cgroup root", args: []string{"--node-name=n", "--cgroup-root=sys/fs/cgroup"}, wantErr: []string{"--cgroup-root"}},
+		{name: "cgroup reading and kernel log off", args: []string{"--node-name=n", "--cgroup-root=", "--kmsg-path="}, wantNodeName: "n"},
+		{name: "relative kmsg path", args: []string{"--node-name=n", "--kmsg-path=kmsg"}, wantErr: []string{"--kmsg-path"}},
+		{name: "batch period too short", args: []string{"--node-name=n", "--stamp-batch-period=1ms"}, wantErr: []string{"--stamp-batch-period"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

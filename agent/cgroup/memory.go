@@ -136,6 +136,14 @@ func Read(root, cgroupPath string) (Memory, error) {
 	if err != nil {
 		return Memory{}, fmt.Errorf("cgroup %s: %w", cgroupPath, err)
 	}
+	// A missing file reads as "not provided by this kernel" (field left 0), so a cgroup
+	// removed during the reads (the runtime removes a container's cgroup right after its
+	// exit) would read as limit 0, failcnt 0, peak 0 without an error, which looks like
+	// "the limit was never reached". rmdir removes the directory at once: one that is
+	// still there after the reads was there during them.
+	if _, err := os.Stat(dir); err != nil {
+		return Memory{}, fmt.Errorf("cgroup %s removed while it was read: %w", cgroupPath, err)
+	}
 	return m, nil
 }
 

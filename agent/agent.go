@@ -1,0 +1,410 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/agent/kmsg"
+	"github.com/coroner-dev/coroner/agent/metrics"
+	"github.com/coroner-dev/coroner/agent/stamper"
+	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/cri"
+)
+
+// Component is the agent's name in Events and managedFields.
+const Component = "coroner-agent"
+
+// Defaults of Config.
+const (
+	DefaultWorkers      = 2
+	DefaultKernelWait   = 250 * time.Millisecond
+	DefaultPodCacheWait = 2 * time.Second
+	DefaultPodWaitMax   = time.Minute
+)
+
+// uidIndex indexes the pod cache by metadata.uid: containers name their pod by UID.
+const uidIndex = "uid"
+
+// Config configures an Agent. NodeName, Client and Source are required.
+type Config struct {
+	// NodeName is this node's name: the agent watches and writes only pods bound to it
+	// (spec.nodeName, A7).
+	NodeName string
+	// Client talks to the API server; its pod informer is limited to NodeName.
+	Client kubernetes.Interface
+	// Source yields the runtime's container events (cri.Watcher, or crifake in tests).
+	// When it also has LastError() error, /healthz says why the runtime is unreachable;
+	// when it has Stats() cri.Stats, the ignored containers are counted.
+	Source cri.Source
+	// Patcher writes pods; default conditions.NewPodPatcher(Client, Component). Tests
+	// inject errors here.
+	Patcher conditions.PodPatcher
+	// Kernel, when not nil, delivers the kernel's OOM kills (kmsg.Reader), matched to
+	// containers by cgroup and PID.
+	Kernel <-chan kmsg.OOMKill
+	// CgroupRoot is where the cgroup hierarchies are mounted (/sys/fs/cgroup); empty
+	// means do not read cgroups.
+	CgroupRoot string
+	// PhaseGrace is the kubelet's time to set a terminal phase itself (A4); see
+	// classify.StampsForPod.
+	PhaseGrace time.Duration
+	// ExitHistorySize bounds the exit history annotation (A5); 0 means the default.
+	ExitHistorySize int
+	// BatchPeriod is the stamper's; 0 means stamper.DefaultBatchPeriod.
+	BatchPeriod time.Duration
+	// RetryBase and RetryMax bound the stamper's backoff; 0 means its defaults.
+	RetryBase, RetryMax time.Duration
+	// KernelWait is how long an OOM kill with no matching kernel line yet waits for the
+	// kernel log reader to catch up, once, before it is classified without; default
+	// 250ms. Only when Kernel is set.
+	KernelWait time.Duration
+	// PodCacheWait is how long an event whose pod is not in the cache waits for it
+	// before the agent asks the API server whether the pod still exists and is on this
+	// node; default 2s. PodWaitMax is when it gives up on a pod that exists on this node
+	// but does not reach the cache; default 1m.
+	PodCacheWait, PodWaitMax time.Duration
+	// Workers is how many events are classified at the same time; default 2.
+	Workers int
+	// Clock is the agent's clock; default the real one.
+	Clock clock.WithTicker
+	// Metrics receives the agent's metrics; nil means a private registry.
+	Metrics *metrics.Metrics
+	// Recorder emits Stamped Events on pods; nil means one built from Client.
+	Recorder record.EventRecorder
+}
+
+// Agent is the node agent: it follows the runtime's container events and its node's pods,
+// classifies exits and OOM kills, and has the stamper write what it decided. Create it
+// with New and run it with Run.
+type Agent struct {
+	cfg         Config
+	clock       clock.WithTicker
+	metrics     *metrics.Metrics
+	stamper     *stamper.Stamper
+	broadcaster record.EventBroadcaster
+	history     exithistory.Limits
+
+	factory  informers.SharedInformerFactory
+	informer cache.SharedIndexInformer
+	queue    workqueue.TypedDelayingInterface[item]
+
+	// logger is for the informer's handlers, which have no context; Run sets it.
+	logger klog.Logger
+
+	mu         sync.Mutex
+	containers map[string]*container
+	// observed are the containers' states by pod UID and container name, as the runtime
+	// reports them (StampsForPod's observed).
+	observed map[types.UID]map[string]observedState
+	// gone are pods known not to be this node's to write: deleted (seen by the
+	// informer, or a 404) or bound to another node, with the reason and when learned.
+	gone map[types.UID]goneRecord
+	// reasonSeen is when the agent first saw a pod's status.reason (A3's event time).
+	reasonSeen map[types.UID]time.Time
+	kernel     kernelLog
+	// started is when Run started.
+	started time.Time
+}
+
+// New builds an Agent; nothing runs until Run.
+func New(cfg Config) (*Agent, error) {
+	if cfg.NodeName == "" || cfg.Client == nil || cfg.Source == nil {
+		return nil, errors.New("agent: NodeName, Client and Source are required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New(prometheus.NewRegistry())
+	}
+	if cfg.Patcher == nil {
+		cfg.Patcher = conditions.NewPodPatcher(cfg.Client, Component)
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = DefaultWorkers
+	}
+	if cfg.KernelWait <= 0 {
+		cfg.KernelWait = DefaultKernelWait
+	}
+	if cfg.PodCacheWait <= 0 {
+		cfg.PodCacheWait = DefaultPodCacheWait
+	}
+	if cfg.PodWaitMax < cfg.PodCacheWait {
+		cfg.PodWaitMax = max(DefaultPodWaitMax, cfg.PodCacheWait)
+	}
+	a := &Agent{
+		cfg:        cfg,
+		clock:      cfg.Clock,
+		metrics:    cfg.Metrics,
+		logger:     klog.Background(),
+		containers: map[string]*container{},
+		observed:   map[types.UID]map[string]observedState{},
+		gone:       map[types.UID]goneRecord{},
+		reasonSeen: map[types.UID]time.Time{},
+		history:    exithistory.Limits{MaxEntries: cfg.ExitHistorySize},
+	}
+	recorder := cfg.Recorder
+	if recorder == nil {
+		a.broadcaster = record.NewBroadcaster()
+		recorder = a.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: Component, Host: cfg.NodeName})
+	}
+	a.queue = workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[item]{
+		Name: "coroner_agent", Clock: cfg.Clock,
+	})
+
+	// Only this node's pods (A7).
+	a.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
+		}))
+	a.informer = a.factory.Core().V1().Pods().Informer()
+	if err := a.informer.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
+		if pod, ok := obj.(*corev1.Pod); ok {
+			return []string{string(pod.UID)}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, fmt.Errorf("agent: adding the pod index: %w", err)
+	}
+	if _, err := a.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    a.podChanged,
+		UpdateFunc: func(_, obj any) { a.podChanged(obj) },
+		DeleteFunc: a.podDeleted,
+	}); err != nil {
+		return nil, fmt.Errorf("agent: adding the pod handler: %w", err)
+	}
+
+	a.stamper = stamper.New(stamper.Config{
+		Patcher:     cfg.Patcher,
+		Lookup:      a.podByUID,
+		Clock:       cfg.Clock,
+		BatchPeriod: cfg.BatchPeriod,
+		RetryBase:   cfg.RetryBase,
+		RetryMax:    cfg.RetryMax,
+		History:     a.history,
+		Metrics:     cfg.Metrics,
+		Recorder:    recorder,
+	})
+	return a, nil
+}
+
+// Metrics returns the agent's metrics.
+func (a *Agent) Metrics() *metrics.Metrics { return a.metrics }
+
+// HasSynced reports whether the pod cache has synced.
+func (a *Agent) HasSynced() bool { return a.informer.HasSynced() }
+
+// Healthy is the /healthz check: nil while the container runtime answers.
+func (a *Agent) Healthy() error { return RuntimeHealth(a.cfg.Source) }
+
+// Run runs the agent until ctx is done: the pod informer, the runtime's events, the
+// kernel's OOM kills, the stamper and the workers. Events that arrive before the pod
+// cache has synced wait for it. It returns nil when ctx is done, or an error when the
+// cache could not sync.
+func (a *Agent) Run(ctx context.Context) error {
+	defer utilruntime.HandleCrash()
+	logger := klog.FromContext(ctx)
+	a.logger = logger
+	a.started = a.clock.Now()
+	if a.broadcaster != nil {
+		a.broadcaster.StartStructuredLogging(3)
+		a.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.cfg.Client.CoreV1().Events("")})
+		defer a.broadcaster.Shutdown()
+	}
+	logger.Info("Starting the node agent", "node", a.cfg.NodeName, "phaseGrace", a.cfg.PhaseGrace,
+		"cgroupRoot", a.cfg.CgroupRoot, "kernelLog", a.cfg.Kernel != nil)
+
+	var wg sync.WaitGroup
+	defer func() {
+		a.queue.ShutDown()
+		wg.Wait()
+		a.factory.Shutdown()
+		logger.Info("The node agent stopped")
+	}()
+	goFunc := func(f func()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer utilruntime.HandleCrash()
+			f()
+		}()
+	}
+
+	a.factory.Start(ctx.Done())
+	events := a.cfg.Source.Events(ctx)
+	goFunc(func() { a.consumeEvents(ctx, events) })
+	if a.cfg.Kernel != nil {
+		goFunc(func() { a.consumeKernel(ctx) })
+	}
+	goFunc(func() { a.stamper.Run(ctx) })
+	goFunc(func() { a.watchRuntime(ctx) })
+	goFunc(func() { a.collectGarbage(ctx) })
+
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, a.informer.HasSynced) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errors.New("agent: the pod cache did not sync")
+	}
+	for range a.cfg.Workers {
+		goFunc(func() {
+			for a.processNext(ctx) {
+			}
+		})
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// podByUID returns the cached pod with uid, nil when there is none. A pod of another
+// node is never returned, even if the cache had one (the field selector keeps them out;
+// this is the second lock on the door: the agent writes only its own node's pods).
+func (a *Agent) podByUID(uid types.UID) *corev1.Pod {
+	objs, err := a.informer.GetIndexer().ByIndex(uidIndex, string(uid))
+	if err != nil || len(objs) == 0 {
+		return nil
+	}
+	pod, _ := objs[0].(*corev1.Pod)
+	if pod == nil || pod.Spec.NodeName != a.cfg.NodeName {
+		return nil
+	}
+	return pod
+}
+
+// podChanged queues the pod-level decision (A3, A4) of pods that may need one: pods
+// being deleted and pods the kubelet ended (a status.reason).
+func (a *Agent) podChanged(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok || pod.Spec.NodeName != a.cfg.NodeName {
+		return
+	}
+	if pod.Status.Reason != "" {
+		a.mu.Lock()
+		if _, seen := a.reasonSeen[pod.UID]; !seen {
+			a.reasonSeen[pod.UID] = a.clock.Now()
+		}
+		a.mu.Unlock()
+	}
+	if pod.DeletionTimestamp != nil || pod.Status.Reason != "" {
+		a.queue.Add(item{kind: itemPod, id: string(pod.UID)})
+	}
+}
+
+// podDeleted forgets a deleted pod.
+func (a *Agent) podDeleted(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	a.mu.Lock()
+	a.gone[pod.UID] = goneRecord{reason: metrics.DroppedPodGone, at: a.clock.Now()}
+	delete(a.observed, pod.UID)
+	delete(a.reasonSeen, pod.UID)
+	a.mu.Unlock()
+	a.stamper.Forget(pod.UID)
+}
+
+// watchRuntime keeps the runtime metrics current, once a second.
+func (a *Agent) watchRuntime(ctx context.Context) {
+	type statser interface{ Stats() cri.Stats }
+	var lastIgnored uint64
+	// The first look is not reported when disconnected: the watcher has barely started.
+	wasConnected, first := true, true
+	tick := a.clock.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		connected := a.cfg.Source.Connected()
+		a.metrics.SetRuntimeConnected(connected)
+		if s, ok := a.cfg.Source.(statser); ok {
+			st := s.Stats()
+			if st.IgnoredContainers > lastIgnored {
+				a.metrics.AddIgnored(st.IgnoredContainers - lastIgnored)
+			}
+			lastIgnored = st.IgnoredContainers
+		}
+		if connected != wasConnected && !(first && !connected) {
+			if connected {
+				a.logger.Info("The container runtime answers")
+			} else {
+				a.logger.Info("The container runtime is not reachable; /healthz fails until it is", "reason", RuntimeHealth(a.cfg.Source))
+			}
+			wasConnected = connected
+		}
+		first = false
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C():
+		}
+	}
+}
+
+// collectGarbage forgets finished containers and old tombstones, once a minute.
+func (a *Agent) collectGarbage(ctx context.Context) {
+	tick := a.clock.NewTicker(time.Minute)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C():
+		}
+		a.gc(a.clock.Now())
+	}
+}
+
+// How long finished containers and tombstones are remembered: long enough for a late OOM
+// event, a relist after a runtime restart, and a watch far behind.
+const (
+	containerTTL = 5 * time.Minute
+	goneTTL      = 10 * time.Minute
+)
+
+func (a *Agent) gc(now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id, c := range a.containers {
+		if !c.doneAt.IsZero() && now.Sub(c.doneAt) > containerTTL {
+			delete(a.containers, id)
+		}
+	}
+	// Runtime states of pods neither cached nor with containers still remembered.
+	live := map[types.UID]bool{}
+	for _, c := range a.containers {
+		live[types.UID(c.ev.PodUID)] = true
+	}
+	for uid := range a.observed {
+		if !live[uid] && a.podByUID(uid) == nil {
+			delete(a.observed, uid)
+		}
+	}
+	for uid, g := range a.gone {
+		if now.Sub(g.at) > goneTTL {
+			delete(a.gone, uid)
+		}
+	}
+	a.kernel.trim(now)
+}

@@ -1,0 +1,350 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/coroner-dev/coroner/agent/cgroup"
+	"github.com/coroner-dev/coroner/agent/classify"
+	"github.com/coroner-dev/coroner/agent/kmsg"
+	"github.com/coroner-dev/coroner/cri"
+)
+
+// itemKind is what a work item is about.
+type itemKind int
+
+const (
+	// itemExit: classify a container's exit (id: container ID).
+	itemExit itemKind = iota
+	// itemOOM: classify an OOM kill in a container that may still run (id: container ID).
+	itemOOM
+	// itemPod: the pod-level decision, A3 and A4 (id: pod UID).
+	itemPod
+)
+
+func (k itemKind) String() string {
+	switch k {
+	case itemExit:
+		return "exit"
+	case itemOOM:
+		return "oom"
+	}
+	return "pod"
+}
+
+// item is a unit of work of the agent's queue.
+type item struct {
+	kind itemKind
+	id   string
+}
+
+// container is what the agent knows about one container (one CRI container: a restart
+// is a new one).
+type container struct {
+	ev cri.ContainerEvent // identity, as last seen
+	// cgroup is the container's memory cgroup as the kernel prints it, podCgroup its
+	// pod's; empty when unknown.
+	cgroup, podCgroup string
+	// pids are the container's processes seen in its cgroup.
+	pids []int
+	// podAtStart is the pod cgroup's reading when the container was first seen running;
+	// last and podLast the container's and the pod's at the last OOM event or at the
+	// exit, whichever came last and found the cgroup (a container's cgroup is usually
+	// gone by the time the runtime reports the exit).
+	podAtStart    *cgroup.Memory
+	last, podLast *cgroup.Memory
+	// ooms are the times of containerd's OOM events; oomHandled how many of them were
+	// classified.
+	ooms       []time.Time
+	oomHandled int
+	// exit is the Exited event; exitDone once classified (or dropped).
+	exit     *cri.ContainerEvent
+	exitDone bool
+	// unknownCounted: an UnknownOOM verdict was counted for this container.
+	unknownCounted bool
+	// kernelWaited: the item waited once for the kernel log.
+	kernelWaited map[itemKind]bool
+	// podWait is when an item of this container first missed its pod in the cache, and
+	// whether the API server confirmed the pod is this node's.
+	podWait    map[itemKind]time.Time
+	podChecked bool
+	// doneAt is when nothing more was to be done (for garbage collection).
+	doneAt time.Time
+}
+
+// observedState is a container's state as the runtime reports it, for StampsForPod.
+type observedState struct {
+	attempt uint32
+	state   classify.ContainerState
+}
+
+// goneRecord says why events of a pod are dropped.
+type goneRecord struct {
+	reason string
+	at     time.Time
+}
+
+// consumeEvents applies the runtime's events until the channel closes.
+func (a *Agent) consumeEvents(ctx context.Context, events <-chan cri.ContainerEvent) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			a.handleEvent(ev)
+		}
+	}
+}
+
+// handleEvent records one container event and queues its classification. Cgroups are
+// read here, as early as possible: a container's cgroup goes away soon after it exits.
+func (a *Agent) handleEvent(ev cri.ContainerEvent) {
+	if ev.ContainerID == "" || ev.PodUID == "" {
+		return
+	}
+	now := a.clock.Now()
+	a.mu.Lock()
+	c := a.containers[ev.ContainerID]
+	if c == nil {
+		c = &container{kernelWaited: map[itemKind]bool{}, podWait: map[itemKind]time.Time{}}
+		a.containers[ev.ContainerID] = c
+	}
+	c.ev = mergeEvent(c.ev, ev)
+	if c.cgroup == "" && ev.CgroupPath != "" {
+		c.cgroup, c.podCgroup = cgroupPaths(ev.CgroupPath)
+	}
+	cgPath, podPath := c.cgroup, c.podCgroup
+	a.mu.Unlock()
+
+	switch ev.Kind {
+	case cri.Started:
+		m, pm := a.readCgroup(cgPath), a.readCgroup(podPath)
+		pids := readPIDs(m)
+		a.mu.Lock()
+		c.pids = mergePIDs(c.pids, pids)
+		if c.podAtStart == nil {
+			c.podAtStart = pm
+		}
+		a.observe(ev, classify.ContainerState{Name: ev.ContainerName, State: classify.StateRunning})
+		a.mu.Unlock()
+	case cri.OOM:
+		m, pm := a.readCgroup(cgPath), a.readCgroup(podPath)
+		a.mu.Lock()
+		c.ooms = append(c.ooms, nonZero(ev.OOMAt, now))
+		c.pids = mergePIDs(c.pids, readPIDs(m))
+		if m != nil {
+			c.last = m
+		}
+		if pm != nil {
+			c.podLast = pm
+		}
+		exitDone := c.exitDone
+		a.mu.Unlock()
+		if !exitDone {
+			a.queue.Add(item{kind: itemOOM, id: ev.ContainerID})
+		}
+	case cri.Exited:
+		m, pm := a.readCgroup(cgPath), a.readCgroup(podPath)
+		a.mu.Lock()
+		e := ev
+		c.exit = &e
+		c.pids = mergePIDs(c.pids, readPIDs(m))
+		if m != nil {
+			c.last = m
+		}
+		if pm != nil {
+			c.podLast = pm
+		}
+		a.observe(ev, classify.ContainerState{Name: ev.ContainerName, State: classify.StateExited,
+			ExitCode: ev.ExitCode, FinishedAt: ev.FinishedAt})
+		a.mu.Unlock()
+		a.queue.Add(item{kind: itemExit, id: ev.ContainerID})
+	}
+}
+
+// observe records a container's state for its pod, unless a later attempt of the same
+// container is known. a.mu is held.
+func (a *Agent) observe(ev cri.ContainerEvent, st classify.ContainerState) {
+	uid := types.UID(ev.PodUID)
+	m := a.observed[uid]
+	if m == nil {
+		m = map[string]observedState{}
+		a.observed[uid] = m
+	}
+	if old, ok := m[ev.ContainerName]; ok && old.attempt > ev.Attempt {
+		return
+	}
+	m[ev.ContainerName] = observedState{attempt: ev.Attempt, state: st}
+}
+
+// observedStates returns the runtime's word on a pod's containers.
+func (a *Agent) observedStates(uid types.UID) []classify.ContainerState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []classify.ContainerState
+	for _, s := range a.observed[uid] {
+		out = append(out, s.state)
+	}
+	return out
+}
+
+// mergeEvent keeps what an earlier event knew that a later one does not.
+func mergeEvent(old, ev cri.ContainerEvent) cri.ContainerEvent {
+	if ev.CgroupPath == "" {
+		ev.CgroupPath = old.CgroupPath
+	}
+	if ev.MemoryLimit == 0 {
+		ev.MemoryLimit = old.MemoryLimit
+	}
+	if ev.StartedAt.IsZero() {
+		ev.StartedAt = old.StartedAt
+	}
+	if ev.SandboxID == "" {
+		ev.SandboxID = old.SandboxID
+	}
+	return ev
+}
+
+// cgroupPaths turns the runtime's cgroupsPath (cgroupfs path, or systemd
+// "slice:prefix:name") into the container's and the pod's cgroup paths as the kernel
+// prints them.
+func cgroupPaths(runtimePath string) (containerCg, podCg string) {
+	p, err := cgroup.FromSystemd(runtimePath)
+	if err != nil {
+		p = path.Clean("/" + runtimePath)
+	}
+	pp := cgroup.ParsePath(p)
+	podCg = pp.Pod
+	if podCg == "" && p != "/" {
+		podCg = path.Dir(p)
+	}
+	return p, podCg
+}
+
+// readCgroup reads a cgroup's memory controller; nil when cgroups are not read or the
+// cgroup is gone (cgroup.Read fails for a cgroup removed while it is read, which the
+// runtime does right after a container's exit).
+func (a *Agent) readCgroup(p string) *cgroup.Memory {
+	if a.cfg.CgroupRoot == "" || p == "" {
+		return nil
+	}
+	m, err := cgroup.Read(a.cfg.CgroupRoot, p)
+	if err != nil {
+		return nil
+	}
+	return &m
+}
+
+// readPIDs lists the processes of a cgroup read by readCgroup.
+func readPIDs(m *cgroup.Memory) []int {
+	if m == nil || m.Dir == "" {
+		return nil
+	}
+	b, err := os.ReadFile(filepath.Join(m.Dir, "cgroup.procs"))
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, n)
+		}
+	}
+	return pids
+}
+
+// mergePIDs adds new PIDs, keeping at most 64 (a container's main process comes first).
+func mergePIDs(have, more []int) []int {
+	for _, p := range more {
+		found := false
+		for _, h := range have {
+			if h == p {
+				found = true
+				break
+			}
+		}
+		if !found && len(have) < 64 {
+			have = append(have, p)
+		}
+	}
+	return have
+}
+
+func nonZero(t, fallback time.Time) time.Time {
+	if t.IsZero() {
+		return fallback
+	}
+	return t
+}
+
+// kernelLog keeps the kernel's recent OOM kills, for matching to containers.
+type kernelLog struct {
+	kills []kernelKill
+}
+
+type kernelKill struct {
+	kill    kmsg.OOMKill
+	arrived time.Time
+}
+
+// kernelKeep bounds the kernel log kept: the kills of the last kernelTTL, at most
+// kernelMax of them.
+const (
+	kernelTTL = 10 * time.Minute
+	kernelMax = 4096
+)
+
+func (k *kernelLog) add(kill kmsg.OOMKill, now time.Time) {
+	k.kills = append(k.kills, kernelKill{kill: kill, arrived: now})
+	if len(k.kills) > kernelMax {
+		k.kills = append([]kernelKill(nil), k.kills[len(k.kills)-kernelMax:]...)
+	}
+}
+
+func (k *kernelLog) trim(now time.Time) {
+	i := 0
+	for i < len(k.kills) && now.Sub(k.kills[i].arrived) > kernelTTL {
+		i++
+	}
+	if i > 0 {
+		k.kills = append([]kernelKill(nil), k.kills[i:]...)
+	}
+}
+
+func (k *kernelLog) all() []kmsg.OOMKill {
+	out := make([]kmsg.OOMKill, len(k.kills))
+	for i, kk := range k.kills {
+		out[i] = kk.kill
+	}
+	return out
+}
+
+// consumeKernel keeps the kernel's OOM kills until ctx is done. (An OOM kill whose line
+// has not been read yet when it is classified waits for it once: see Config.KernelWait.)
+func (a *Agent) consumeKernel(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case k, ok := <-a.cfg.Kernel:
+			if !ok {
+				return
+			}
+			a.mu.Lock()
+			a.kernel.add(k, a.clock.Now())
+			a.mu.Unlock()
+			a.logger.V(2).Info("Kernel OOM kill", "pid", k.PID, "task", k.Task, "scope", k.Scope.String(),
+				"oomMemcg", k.OOMMemcg, "taskMemcg", k.TaskMemcg)
+		}
+	}
+}

@@ -1,0 +1,71 @@
+// Package agent is coroner's node side (requirements A1-A5, A7, A8): it watches the
+// container runtime for exits and OOM kills on its own node, and its node's pods, and
+// stamps the pods with why they died before they are deleted. Fencing (A6) is not
+// implemented yet: --fencing is accepted and ignored, and coroner_agent_fenced is 0.
+//
+// # The pieces
+//
+//   - Options (flags) and Run, what cmd/coroner-agent calls: it checks the API server
+//     (ServerCheckTimeout; unreachable at start is an error), starts the runtime watcher
+//     (cri.Watcher), the kernel log reader (agent/kmsg) and /metrics and /healthz, and
+//     runs an Agent.
+//   - Agent, usable in tests with an injected cri.Source (cri/crifake), clientset, pod
+//     patcher, kernel feed, cgroup root and clock (see Config):
+//   - a pod informer limited to spec.nodeName=<node> (A7), indexed by UID; a pod of
+//     another node is never looked up, even if one reached the cache;
+//   - the runtime's events: Started (the container's and its pod's cgroup counters and
+//     PIDs are read), OOM (containerd's /tasks/oom: counters read again) and Exited;
+//   - the kernel's OOM kills, kept for 10 minutes, matched to containers by cgroup
+//     and PID by classify.ClassifyOOM;
+//   - a work queue (client-go's delaying queue, on the agent's clock) of exits, OOM
+//     kills and pod decisions, handled by Workers goroutines;
+//   - the stamper (agent/stamper), which batches, deduplicates and writes the stamps
+//     and records the metrics (agent/metrics).
+//
+// # An exit
+//
+// For each Exited event the agent finds the pod by UID in its cache. A pod not in the
+// cache yet is waited for, with short retries, for PodCacheWait (2s); then the agent asks
+// the API server once: a pod that is gone (404, or re-created with another UID) or bound
+// to another node has its events dropped and counted
+// (coroner_agent_dropped_events_total); a pod that exists on this node is waited for up
+// to PodWaitMax. A pod deleted while its events wait (the informer's delete) drops them
+// at once. Then the agent gathers the OOM facts (the runtime's reason, containerd's OOM
+// events, the container cgroup's counters at its last OOM event or exit, the pod
+// cgroup's counters since the container started, peak usage and limit, the kernel's
+// kills), classifies them (classify.ClassifyOOM) and computes the stamps
+// (classify.StampsForExit: coroner.dev/OOMKilled, DisruptionTarget NodeOOMKill, the exit
+// history of restarting pods). When the facts show an OOM kill but the kernel's report
+// of it has not been read yet, the classification waits KernelWait (250ms) once for it.
+// Then the pod-level decision runs (below), since the exit may have stopped the pod's
+// last container.
+//
+// An OOM event of a container that keeps running (the kernel killed a child, not PID 1)
+// is classified the same way and stamps coroner.dev/OOMKilled when the verdict is the
+// pod's own limit; a node OOM is stamped at the exit, if the container exits, since a
+// DisruptionTarget on a pod that goes on running would claim a disruption that is not
+// happening.
+//
+// # Pod decisions
+//
+// classify.StampsForPod (A3 kubelet terminations, A4 terminal phase of deleted pods)
+// runs for every pod update of a pod being deleted or with a status.reason, after every
+// exit of one of its containers, and again at the RecheckAt it returns (the end of
+// --phase-grace). The runtime's word on the pod's containers (the agent's observed
+// states) takes precedence over the pod's status, so a pod whose kubelet is slow or
+// gone still gets its phase.
+//
+// # Writes
+//
+// The agent never deletes a pod and writes only pods of its node. Every write goes
+// through the stamper and the conditions package's writers: at most one write per pod
+// per --stamp-batch-period (status and metadata are separate endpoints: an exit history
+// change is a second call), no write that changes nothing, resourceVersion
+// preconditions, re-reads on conflict, retries with backoff on errors.
+//
+// # Health
+//
+// /healthz answers 503 with the reason while the container runtime does not answer (a
+// missing socket: "... does not exist: is the container runtime running?"); the agent
+// keeps running and reconnecting meanwhile, and logs why.
+package agent

@@ -1,0 +1,243 @@
+// Package metrics holds the node agent's Prometheus metrics (requirement A8), under the
+// prefix coroner_agent_. They are registered once, by New, on the registry the caller
+// passes, so that tests can have their own; nothing is registered on the global default
+// registry.
+//
+// Label values:
+//
+//	kind     the stamp's kind (agent/classify.Kind): LimitOOM, NodeOOM,
+//	         TerminationByKubelet, TerminalPhase, ExitHistory
+//	reason   the stamp's reason (classify.Stamp.Reason): MemoryLimitExceeded, NodeOOMKill,
+//	         the kubelet's status.reason (Evicted, Terminated, NodeShutdown, Preempting),
+//	         Failed or Succeeded for TerminalPhase, Recorded or Replaced for ExitHistory
+//	verdict  what an exit was (classify.OOMKind, with NotOOM for ""): NotOOM, LimitOOM,
+//	         NodeOOM, UnknownOOM
+//	reason   (dropped events) PodGone, OtherNode, NotInCache
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Namespace and Subsystem prefix every metric name: coroner_agent_.
+const (
+	Namespace = "coroner"
+	Subsystem = "agent"
+)
+
+// Values of the "verdict" label of coroner_agent_container_exits_total.
+const (
+	VerdictNotOOM = "NotOOM"
+)
+
+// Values of the "reason" label of coroner_agent_dropped_events_total.
+const (
+	// DroppedPodGone: the container's pod was deleted (or re-created with a new UID)
+	// before the agent could look at the exit.
+	DroppedPodGone = "PodGone"
+	// DroppedOtherNode: the container's pod is bound to another node; the agent writes
+	// only pods of its own node (A7).
+	DroppedOtherNode = "OtherNode"
+	// DroppedNotInCache: the pod exists on this node but did not reach the agent's cache
+	// in time (the watch is far behind).
+	DroppedNotInCache = "NotInCache"
+)
+
+// Metrics are the agent's metrics. The zero value is not usable: call New. Methods on a
+// nil *Metrics record nothing.
+type Metrics struct {
+	// Stamps (coroner_agent_stamps_total) counts the stamps the agent wrote, that is
+	// whose write changed the pod. Labels: kind, reason.
+	Stamps *prometheus.CounterVec
+
+	// DetectionLatency (coroner_agent_detection_latency_seconds, histogram) is the time
+	// from the runtime's event to the successful patch of the stamp: from the
+	// container's finishedAt (an exit) or containerd's OOM event time (an OOM kill of a
+	// container that may keep running); for a terminal phase (A4), from the moment the
+	// pod was both being deleted and without running containers, so it includes
+	// --phase-grace; for TerminationByKubelet without a phase (A3), from when the agent
+	// first saw the kubelet's reason. Label: kind.
+	DetectionLatency *prometheus.HistogramVec
+
+	// RuntimeConnected (coroner_agent_runtime_connected, gauge) is 1 while the container
+	// runtime answers, 0 otherwise (/healthz then fails and says why).
+	RuntimeConnected prometheus.Gauge
+
+	// IgnoredContainers (coroner_agent_ignored_containers_total) counts the containers
+	// without the kubelet's CRI labels (made by another CRI client), which the agent
+	// ignores.
+	IgnoredContainers prometheus.Counter
+
+	// UnknownOOM (coroner_agent_unknown_oom_total) counts containers OOM-killed where
+	// nothing said whose limit it was: nothing is stamped for them (see
+	// classify.StampsForExit), so a rising count means evidence is missing (no kernel
+	// log, cgroups gone before they were read). Exits from before the agent started,
+	// which its first relist replays without their evidence, are not counted.
+	UnknownOOM prometheus.Counter
+
+	// Fenced (coroner_agent_fenced, gauge) is 1 while the agent has fenced its node
+	// (A6). Fencing is not implemented yet: it is always 0.
+	Fenced prometheus.Gauge
+
+	// ContainerExits (coroner_agent_container_exits_total) counts the container exits
+	// the agent classified, with their pod found. Label: verdict.
+	ContainerExits *prometheus.CounterVec
+
+	// DroppedEvents (coroner_agent_dropped_events_total) counts container exits and OOM
+	// kills left alone because of their pod. Label: reason (PodGone, OtherNode,
+	// NotInCache).
+	DroppedEvents *prometheus.CounterVec
+
+	// WriteErrors (coroner_agent_pod_write_errors_total) counts failed pod writes; each
+	// is retried with backoff.
+	WriteErrors prometheus.Counter
+}
+
+// New creates the metrics and registers them on reg. It panics if reg already holds
+// metrics of the same names (register once per registry).
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Stamps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name: "stamps_total",
+			Help: "Stamps written on pods. kind: LimitOOM, NodeOOM, TerminationByKubelet, TerminalPhase, ExitHistory; reason: the condition's reason, the kubelet's status.reason, the phase, or Recorded/Replaced for ExitHistory.",
+		}, []string{"kind", "reason"}),
+		DetectionLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name:    "detection_latency_seconds",
+			Help:    "Time from the runtime's event (container finishedAt, or containerd's OOM event) to the successful pod patch; for TerminalPhase from when the pod was deleted with no running container (includes --phase-grace). kind: as coroner_agent_stamps_total.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14), // 10ms .. 82s
+		}, []string{"kind"}),
+		RuntimeConnected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name: "runtime_connected",
+			Help: "1 while the container runtime answers over CRI, 0 otherwise.",
+		}),
+		IgnoredContainers: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name: "ignored_containers_total",
+			Help: "Containers without the kubelet's CRI labels, ignored.",
+		}),
+		UnknownOOM: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name: "unknown_oom_total",
+			Help: "Containers OOM-killed without evidence of whose limit it was; nothing is stamped for them.",
+		}),
+		Fenced: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name: "fenced",
+			Help: "1 while the agent has fenced its node. Fencing is not implemented yet: always 0.",
+		}),
+		ContainerExits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name: "container_exits_total",
+			Help: "Container exits classified. verdict: NotOOM, LimitOOM, NodeOOM, UnknownOOM.",
+		}, []string{"verdict"}),
+		DroppedEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name: "dropped_events_total",
+			Help: "Container exits and OOM kills left alone. reason: PodGone (deleted), OtherNode (bound to another node), NotInCache (the watch is far behind).",
+		}, []string{"reason"}),
+		WriteErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name: "pod_write_errors_total",
+			Help: "Failed pod writes; each is retried with backoff.",
+		}),
+	}
+	reg.MustRegister(m.Stamps, m.DetectionLatency, m.RuntimeConnected, m.IgnoredContainers,
+		m.UnknownOOM, m.Fenced, m.ContainerExits, m.DroppedEvents, m.WriteErrors)
+	return m
+}
+
+// Stamped records a written stamp and its latency (negative latencies, from clock skew
+// between the runtime and the agent, are recorded as 0).
+func (m *Metrics) Stamped(kind, reason string, latencySeconds float64) {
+	if m == nil {
+		return
+	}
+	m.Stamps.WithLabelValues(kind, reason).Inc()
+	m.DetectionLatency.WithLabelValues(kind).Observe(max(latencySeconds, 0))
+}
+
+// Exit records a classified exit; verdict "" is NotOOM.
+func (m *Metrics) Exit(verdict string) {
+	if m == nil {
+		return
+	}
+	if verdict == "" {
+		verdict = VerdictNotOOM
+	}
+	m.ContainerExits.WithLabelValues(verdict).Inc()
+}
+
+// Dropped records an event left alone for reason.
+func (m *Metrics) Dropped(reason string) {
+	if m == nil {
+		return
+	}
+	m.DroppedEvents.WithLabelValues(reason).Inc()
+}
+
+// Unknown records an OOM kill nobody could place.
+func (m *Metrics) Unknown() {
+	if m == nil {
+		return
+	}
+	m.UnknownOOM.Inc()
+}
+
+// WriteFailed records a failed pod write.
+func (m *Metrics) WriteFailed() {
+	if m == nil {
+		return
+	}
+	m.WriteErrors.Inc()
+}
+
+// SetRuntimeConnected sets the runtime connection gauge.
+func (m *Metrics) SetRuntimeConnected(connected bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if connected {
+		v = 1
+	}
+	m.RuntimeConnected.Set(v)
+}
+
+// AddIgnored adds n ignored containers.
+func (m *Metrics) AddIgnored(n uint64) {
+	if m == nil || n == 0 {
+		return
+	}
+	m.IgnoredContainers.Add(float64(n))
+}
+
+// Value returns the sum of the values of the samples c collects (for a histogram, its
+// sample count): one labelled series, a whole vector, a plain counter or gauge. For tests
+// and tools that read the agent's metrics in-process.
+func Value(c prometheus.Collector) float64 {
+	ch := make(chan prometheus.Metric, 64)
+	go func() {
+		c.Collect(ch)
+		close(ch)
+	}()
+	var sum float64
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			continue
+		}
+		switch {
+		case d.Counter != nil:
+			sum += d.Counter.GetValue()
+		case d.Gauge != nil:
+			sum += d.Gauge.GetValue()
+		case d.Histogram != nil:
+			sum += float64(d.Histogram.GetSampleCount())
+		}
+	}
+	return sum
+}

@@ -1,0 +1,87 @@
+package metrics
+
+import (
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func names(t *testing.T, reg *prometheus.Registry) []string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		out = append(out, mf.GetName())
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestNames(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.Stamped("LimitOOM", "MemoryLimitExceeded", 0.2)
+	m.Exit("")
+	m.Dropped(DroppedOtherNode)
+	want := []string{
+		"coroner_agent_container_exits_total",
+		"coroner_agent_detection_latency_seconds",
+		"coroner_agent_dropped_events_total",
+		"coroner_agent_fenced",
+		"coroner_agent_ignored_containers_total",
+		"coroner_agent_pod_write_errors_total",
+		"coroner_agent_runtime_connected",
+		"coroner_agent_stamps_total",
+		"coroner_agent_unknown_oom_total",
+	}
+	if diff := cmp.Diff(want, names(t, reg)); diff != "" {
+		t.Errorf("metric names (-want +got):\n%s", diff)
+	}
+	for _, n := range names(t, reg) {
+		if !strings.HasPrefix(n, "coroner_agent_") {
+			t.Errorf("%s lacks the prefix", n)
+		}
+	}
+}
+
+func TestRecording(t *testing.T) {
+	m := New(prometheus.NewRegistry())
+	m.Stamped("LimitOOM", "MemoryLimitExceeded", 0.2)
+	m.Stamped("LimitOOM", "MemoryLimitExceeded", -1) // clock skew: recorded as 0
+	m.Exit("")
+	m.Exit("NodeOOM")
+	m.Unknown()
+	m.WriteFailed()
+	m.SetRuntimeConnected(true)
+	m.AddIgnored(3)
+	m.AddIgnored(0)
+	for _, tc := range []struct {
+		name string
+		c    prometheus.Collector
+		want float64
+	}{
+		{"stamps", m.Stamps.WithLabelValues("LimitOOM", "MemoryLimitExceeded"), 2},
+		{"latency samples", m.DetectionLatency, 2},
+		{"NotOOM exits", m.ContainerExits.WithLabelValues(VerdictNotOOM), 1},
+		{"all exits", m.ContainerExits, 2},
+		{"unknown", m.UnknownOOM, 1},
+		{"write errors", m.WriteErrors, 1},
+		{"connected", m.RuntimeConnected, 1},
+		{"ignored", m.IgnoredContainers, 3},
+		{"fenced", m.Fenced, 0},
+	} {
+		if got := Value(tc.c); got != tc.want {
+			t.Errorf("%s = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	var nilM *Metrics
+	nilM.Stamped("x", "y", 1) // a nil *Metrics records nothing and does not panic
+	nilM.Exit("")
+	nilM.SetRuntimeConnected(true)
+}

@@ -1,0 +1,382 @@
+package agent
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/coroner-dev/coroner/agent/cgroup"
+	"github.com/coroner-dev/coroner/agent/classify"
+	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/agent/metrics"
+	"github.com/coroner-dev/coroner/agent/stamper"
+	"github.com/coroner-dev/coroner/cri"
+)
+
+// apiCheckTimeout bounds the GET that asks whether a pod missing from the cache exists.
+const apiCheckTimeout = 10 * time.Second
+
+// processNext handles one work item; false once the queue is shut down.
+func (a *Agent) processNext(ctx context.Context) bool {
+	it, shutdown := a.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer a.queue.Done(it)
+	switch it.kind {
+	case itemPod:
+		a.syncPod(types.UID(it.id))
+	default:
+		a.processContainer(ctx, it)
+	}
+	return true
+}
+
+// processContainer classifies a container's exit (itemExit) or an OOM kill in it that it
+// may survive (itemOOM), and hands the stamps to the stamper.
+//
+// An OOM kill of a container that keeps running is stamped only when its verdict is a
+// limit OOM (coroner.dev/OOMKilled: the workload went over its own limit, whether its
+// main process died or a child did); a node OOM is stamped at the container's exit, if
+// it exits, since a DisruptionTarget on a pod that goes on running would claim a
+// disruption that is not happening. The exit history (A5) records exits only.
+func (a *Agent) processContainer(ctx context.Context, it item) {
+	a.mu.Lock()
+	c := a.containers[it.id]
+	switch {
+	case c == nil,
+		it.kind == itemExit && (c.exit == nil || c.exitDone),
+		it.kind == itemOOM && (c.exitDone || c.oomHandled >= len(c.ooms)):
+		a.mu.Unlock()
+		return
+	}
+	ev := c.ev
+	a.mu.Unlock()
+	logger := a.logger.WithValues("pod", klog.KRef(ev.PodNamespace, ev.PodName), "container", ev.ContainerName, "containerID", shortID(ev.ContainerID))
+
+	pod := a.podFor(ctx, logger, c, it)
+	if pod == nil {
+		return
+	}
+
+	now := a.clock.Now()
+	a.mu.Lock()
+	facts := a.factsLocked(c, it.kind)
+	waited := c.kernelWaited[it.kind]
+	a.mu.Unlock()
+	v := classify.ClassifyOOM(facts)
+	if v.Kind != classify.NotOOM && a.cfg.Kernel != nil && !waited && !kernelSeen(facts) {
+		// The kernel's report is the best evidence; its reader may be a moment behind.
+		a.mu.Lock()
+		c.kernelWaited[it.kind] = true
+		a.mu.Unlock()
+		a.queue.AddAfter(it, a.cfg.KernelWait)
+		return
+	}
+	ref := stamper.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
+
+	var reqs []stamper.Request
+	switch it.kind {
+	case itemExit:
+		a.mu.Lock()
+		if c.exitDone {
+			a.mu.Unlock()
+			return
+		}
+		x := *c.exit
+		c.exitDone, c.doneAt = true, now
+		c.oomHandled = len(c.ooms)
+		// An exit from before the agent started (the first relist replays them) has
+		// lost its evidence (the kernel log is read from the agent's start, the cgroup
+		// is gone): it is not counted as an OOM kill nobody could place.
+		replay := !x.FinishedAt.IsZero() && x.FinishedAt.Before(a.started)
+		countUnknown := v.Kind == classify.UnknownOOM && !c.unknownCounted && !replay
+		c.unknownCounted = c.unknownCounted || countUnknown
+		a.mu.Unlock()
+		a.metrics.Exit(string(v.Kind))
+		if countUnknown {
+			a.metrics.Unknown()
+		}
+		e := classify.Exit{Container: x.ContainerName, ContainerID: x.ContainerID, ExitCode: x.ExitCode, Reason: x.Reason,
+			StartedAt: x.StartedAt, FinishedAt: x.FinishedAt, RestartCount: int32(x.Attempt)}
+		at := nonZero(x.FinishedAt, x.ObservedAt)
+		for _, s := range classify.StampsForExit(pod, v, e, now, classify.ExitOptions{History: a.history}) {
+			r := stamper.Request{Pod: ref, Stamp: s, EventTime: at}
+			if s.Kind == classify.KindExitHistory {
+				r.History = &exithistory.Entry{Container: e.Container, ExitCode: e.ExitCode, Reason: e.Reason,
+					FinishedAt: e.FinishedAt, RestartCount: e.RestartCount, OOM: oomField(v.Kind)}
+			}
+			reqs = append(reqs, r)
+		}
+		logger.V(2).Info("Container exit classified", "exitCode", x.ExitCode, "reason", x.Reason, "verdict", verdictName(v.Kind),
+			"basis", v.Basis, "evidence", v.Evidence, "stamps", len(reqs), "source", x.Source)
+		if v.Kind == classify.UnknownOOM {
+			logger.Info("Container was OOM-killed but nothing says whose limit it was; stamping nothing", "evidence", v.Evidence)
+		}
+	case itemOOM:
+		a.mu.Lock()
+		if c.exitDone || c.oomHandled >= len(c.ooms) {
+			// The exit was classified meanwhile, with these OOM events as evidence.
+			a.mu.Unlock()
+			return
+		}
+		first := c.ooms[c.oomHandled]
+		last := c.ooms[len(c.ooms)-1]
+		c.oomHandled = len(c.ooms)
+		countUnknown := v.Kind == classify.UnknownOOM && !c.unknownCounted
+		c.unknownCounted = c.unknownCounted || countUnknown
+		a.mu.Unlock()
+		if countUnknown {
+			a.metrics.Unknown()
+		}
+		if v.Kind == classify.LimitOOM {
+			e := classify.Exit{Container: ev.ContainerName, ContainerID: ev.ContainerID, StartedAt: ev.StartedAt,
+				FinishedAt: last, RestartCount: int32(ev.Attempt)}
+			for _, s := range classify.StampsForExit(pod, v, e, now, classify.ExitOptions{History: a.history}) {
+				if s.Kind == classify.KindLimitOOM {
+					reqs = append(reqs, stamper.Request{Pod: ref, Stamp: s, EventTime: first})
+				}
+			}
+		}
+		logger.V(2).Info("OOM kill classified", "verdict", verdictName(v.Kind), "basis", v.Basis, "evidence", v.Evidence, "stamps", len(reqs))
+	}
+	a.stamper.Add(reqs...)
+	if it.kind == itemExit {
+		a.queue.Add(item{kind: itemPod, id: string(pod.UID)})
+	}
+}
+
+// podFor returns the container's pod from the cache. When it is not there, it decides
+// between a pod not in the cache yet (retry shortly), a pod deleted or bound to another
+// node (drop, counted), and a pod the cache is far behind on (retry, up to PodWaitMax).
+// It returns nil when the item was re-queued or dropped.
+func (a *Agent) podFor(ctx context.Context, logger klog.Logger, c *container, it item) *corev1.Pod {
+	uid := types.UID(c.ev.PodUID)
+	if pod := a.podByUID(uid); pod != nil {
+		return pod
+	}
+	now := a.clock.Now()
+	a.mu.Lock()
+	if g, ok := a.gone[uid]; ok {
+		a.dropLocked(logger, c, it, g.reason, now)
+		a.mu.Unlock()
+		return nil
+	}
+	first, ok := c.podWait[it.kind]
+	if !ok {
+		first = now
+		c.podWait[it.kind] = now
+	}
+	checked := c.podChecked
+	a.mu.Unlock()
+
+	waited := now.Sub(first)
+	switch {
+	case waited > a.cfg.PodWaitMax:
+		a.mu.Lock()
+		a.dropLocked(logger, c, it, metrics.DroppedNotInCache, now)
+		a.mu.Unlock()
+		return nil
+	case waited < a.cfg.PodCacheWait:
+		// Not in the cache yet: the pod's watch event is usually a moment away.
+		a.queue.AddAfter(it, min(max(waited/2, 50*time.Millisecond), 500*time.Millisecond))
+		return nil
+	case checked:
+		a.queue.AddAfter(it, time.Second)
+		return nil
+	}
+	reason, err := a.checkPod(ctx, c.ev)
+	if err != nil {
+		logger.Error(err, "Cannot tell whether the container's pod exists; retrying")
+		a.queue.AddAfter(it, time.Second)
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if reason != "" {
+		a.gone[uid] = goneRecord{reason: reason, at: now}
+		a.dropLocked(logger, c, it, reason, now)
+		return nil
+	}
+	c.podChecked = true
+	logger.V(2).Info("The pod exists on this node but is not in the cache yet; waiting", "waited", waited)
+	a.queue.AddAfter(it, time.Second)
+	return nil
+}
+
+// checkPod asks the API server about a container's pod: "" when it exists on this node,
+// else the reason to drop its events.
+func (a *Agent) checkPod(ctx context.Context, ev cri.ContainerEvent) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, apiCheckTimeout)
+	defer cancel()
+	pod, err := a.cfg.Client.CoreV1().Pods(ev.PodNamespace).Get(ctx, ev.PodName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return metrics.DroppedPodGone, nil
+	case err != nil:
+		return "", err
+	case string(pod.UID) != ev.PodUID:
+		return metrics.DroppedPodGone, nil
+	case pod.Spec.NodeName != a.cfg.NodeName:
+		return metrics.DroppedOtherNode, nil
+	}
+	return "", nil
+}
+
+// dropLocked gives up on an item, counted by reason. a.mu is held.
+func (a *Agent) dropLocked(logger klog.Logger, c *container, it item, reason string, now time.Time) {
+	a.metrics.Dropped(reason)
+	switch it.kind {
+	case itemExit:
+		c.exitDone, c.doneAt = true, now
+	case itemOOM:
+		c.oomHandled = len(c.ooms)
+	}
+	if c.exitDone && c.doneAt.IsZero() {
+		c.doneAt = now
+	}
+	if reason != metrics.DroppedNotInCache {
+		delete(a.observed, types.UID(c.ev.PodUID))
+	}
+	logger.V(2).Info("Leaving the container's event alone", "event", it.kind.String(), "reason", reason)
+}
+
+// factsLocked gathers what the node knows about a container for ClassifyOOM. a.mu is
+// held.
+func (a *Agent) factsLocked(c *container, kind itemKind) classify.OOMFacts {
+	ev := c.ev
+	f := classify.OOMFacts{
+		Container: ev.ContainerName, ContainerID: ev.ContainerID, PodUID: ev.PodUID,
+		StartedAt: ev.StartedAt, PIDs: append([]int(nil), c.pids...), TaskOOM: len(c.ooms) > 0,
+		PodCgroup: c.podCgroup, ContainerCgroup: c.cgroup, MemoryLimit: ev.MemoryLimit,
+		Kernel: a.kernel.all(),
+	}
+	if kind == itemExit && c.exit != nil {
+		f.ExitCode, f.Reason, f.FinishedAt = c.exit.ExitCode, c.exit.Reason, c.exit.FinishedAt
+	}
+	if c.last != nil {
+		// A container's cgroup is its own (its path holds its ID): its counters since
+		// creation are those of its life.
+		d := cgroup.Sub(cgroup.Memory{}, *c.last)
+		f.Counters = &d
+		f.PeakUsage = c.last.Peak
+		if f.MemoryLimit == 0 {
+			f.MemoryLimit = c.last.Limit
+		}
+	}
+	if c.podLast != nil && c.podAtStart != nil {
+		d := cgroup.Sub(*c.podAtStart, *c.podLast)
+		f.PodCounters = &d
+	}
+	return f
+}
+
+// kernelSeen reports whether a kernel OOM kill of the container has been read.
+func kernelSeen(f classify.OOMFacts) bool {
+	for _, k := range f.Kernel {
+		for _, p := range []string{k.TaskMemcg, k.GroupMemcg} {
+			if p == "" {
+				continue
+			}
+			if f.ContainerCgroup != "" && cgroup.Within(p, f.ContainerCgroup) {
+				return true
+			}
+			if id, ok := cgroup.ContainerIDFromPath(p); ok && id == f.ContainerID {
+				return true
+			}
+		}
+		if k.PID != 0 && slices.Contains(f.PIDs, k.PID) {
+			return true
+		}
+	}
+	return false
+}
+
+// syncPod makes the pod-level decision (A3, A4) and schedules the next one.
+func (a *Agent) syncPod(uid types.UID) {
+	pod := a.podByUID(uid)
+	if pod == nil {
+		return
+	}
+	now := a.clock.Now()
+	observed := a.observedStates(uid)
+	d := classify.StampsForPod(pod, observed, now, a.cfg.PhaseGrace)
+	if !d.RecheckAt.IsZero() {
+		a.queue.AddAfter(item{kind: itemPod, id: string(uid)}, max(d.RecheckAt.Sub(now), 0))
+	}
+	logger := a.logger.WithValues("pod", klog.KObj(pod))
+	if len(d.Stamps) == 0 {
+		logger.V(4).Info("No pod-level stamp due", "why", d.Why, "recheckAt", d.RecheckAt)
+		return
+	}
+	ref := stamper.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
+	var reqs []stamper.Request
+	for _, s := range d.Stamps {
+		r := stamper.Request{Pod: ref, Stamp: s}
+		if s.Phase != "" {
+			// The latency counts from when the pod was both deleted and stopped: the
+			// grace is part of it.
+			r.EventTime = stoppedAt(pod, observed)
+		} else {
+			a.mu.Lock()
+			r.EventTime = nonZero(a.reasonSeen[uid], now)
+			a.mu.Unlock()
+		}
+		reqs = append(reqs, r)
+	}
+	logger.V(2).Info("Pod-level stamp due", "stamps", len(reqs), "kind", d.Stamps[0].Kind, "reason", d.Stamps[0].Reason)
+	a.stamper.Add(reqs...)
+}
+
+// stoppedAt is when a pod became both stopped (its last container exit) and, when it is
+// being deleted, deleted: the reference time of a terminal phase decision.
+func stoppedAt(pod *corev1.Pod, observed []classify.ContainerState) time.Time {
+	var t time.Time
+	for _, s := range append(classify.ContainerStatesFromPod(pod), observed...) {
+		if s.FinishedAt.After(t) {
+			t = s.FinishedAt
+		}
+	}
+	if dt := pod.DeletionTimestamp; dt != nil {
+		ds := dt.Time
+		if pod.DeletionGracePeriodSeconds != nil {
+			ds = ds.Add(-time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second)
+		}
+		if ds.After(t) {
+			t = ds
+		}
+	}
+	return t
+}
+
+func oomField(k classify.OOMKind) string {
+	switch k {
+	case classify.LimitOOM:
+		return exithistory.OOMLimit
+	case classify.NodeOOM:
+		return exithistory.OOMNode
+	case classify.UnknownOOM:
+		return exithistory.OOMUnknown
+	}
+	return ""
+}
+
+func verdictName(k classify.OOMKind) string {
+	if k == classify.NotOOM {
+		return metrics.VerdictNotOOM
+	}
+	return string(k)
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}

@@ -1,0 +1,163 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/coroner-dev/coroner/agent/kmsg"
+	"github.com/coroner-dev/coroner/agent/metrics"
+	"github.com/coroner-dev/coroner/cri"
+)
+
+// ServerCheckTimeout bounds the check, at start, that the API server answers.
+const ServerCheckTimeout = 15 * time.Second
+
+// Run runs coroner-agent until ctx is done: the Agent on the runtime at
+// opts.RuntimeEndpoint (cri.Watcher), the kernel log at opts.KmsgPath, and /metrics and
+// /healthz on opts.MetricsAddress ("0": off). opts must be valid (Validate).
+//
+// It fails at once, with an error that says so, when the API server cannot be reached at
+// start or the metrics address cannot be bound. A container runtime that is not there
+// (no socket, not a CRI runtime) is not an error: the agent keeps running and
+// reconnecting, /healthz answers 503 with the reason and the log says why, so that a
+// runtime started after the agent, or restarted, is picked up. A kernel log it cannot
+// read (no CAP_SYSLOG) is logged, and OOM kills are then classified without the
+// kernel's reports.
+//
+// Fencing (A6, --fencing) is not implemented yet: the flag is accepted, logged and
+// ignored, and coroner_agent_fenced stays 0.
+func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
+	logger := klog.FromContext(ctx)
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("building the client: %w", err)
+	}
+	if err := checkServer(ctx, client); err != nil {
+		return fmt.Errorf("cannot reach the API server at %s: %w", cfg.Host, err)
+	}
+	if opts.Fencing {
+		logger.Info("Fencing (--fencing) is not yet implemented; the flag is ignored")
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := metrics.New(reg)
+
+	watcher := cri.New(cri.Options{
+		Endpoint:            opts.RuntimeEndpoint,
+		ContainerdNamespace: opts.ContainerdNamespace,
+		NoContainerdEvents:  !opts.ContainerdEvents,
+		RelistPeriod:        opts.RelistPeriod,
+	})
+
+	var kernel chan kmsg.OOMKill
+	if opts.KmsgPath != "" {
+		if k, err := startKernelLog(ctx, opts.KmsgPath); err != nil {
+			logger.Error(err, "Cannot read the kernel log; OOM kills are classified without the kernel's reports", "path", opts.KmsgPath)
+		} else {
+			kernel = k
+		}
+	}
+	cgroupRoot := opts.CgroupRoot
+	if cgroupRoot != "" {
+		if _, err := os.Stat(cgroupRoot); err != nil {
+			logger.Error(err, "Cannot read cgroups; OOM kills are classified without their memory counters", "cgroupRoot", cgroupRoot)
+			cgroupRoot = ""
+		}
+	}
+
+	a, err := New(Config{
+		NodeName:        opts.NodeName,
+		Client:          client,
+		Source:          watcher,
+		Kernel:          kernel,
+		CgroupRoot:      cgroupRoot,
+		PhaseGrace:      opts.PhaseGrace,
+		ExitHistorySize: opts.ExitHistorySize,
+		BatchPeriod:     opts.StampBatchPeriod,
+		Metrics:         m,
+	})
+	if err != nil {
+		return err
+	}
+
+	if opts.MetricsAddress != "0" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.Handle("/healthz", HealthHandler(a.Healthy))
+		s, err := serve(ctx, opts.MetricsAddress, mux)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = s.Shutdown(sctx)
+		}()
+	}
+	return a.Run(ctx)
+}
+
+// checkServer asks the API server for its version, within ServerCheckTimeout.
+func checkServer(ctx context.Context, client kubernetes.Interface) error {
+	ctx, cancel := context.WithTimeout(ctx, ServerCheckTimeout)
+	defer cancel()
+	body, err := client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Raw()
+	if err != nil {
+		return err
+	}
+	klog.FromContext(ctx).V(2).Info("The API server answers", "version", string(body))
+	return nil
+}
+
+// startKernelLog opens the kernel log and sends its OOM kills until ctx is done.
+func startKernelLog(ctx context.Context, path string) (chan kmsg.OOMKill, error) {
+	f, err := kmsg.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	boot, err := kmsg.BootTime(time.Now())
+	if err != nil {
+		boot = time.Time{} // kill times unknown; kills are matched by cgroup and PID
+	}
+	r := kmsg.NewReader(f, boot)
+	out := make(chan kmsg.OOMKill, 256)
+	logger := klog.FromContext(ctx)
+	go func() {
+		if err := r.Run(ctx, out); err != nil && !errors.Is(err, context.Canceled) {
+			logger.Error(err, "Reading the kernel log stopped; OOM kills are classified without the kernel's reports from now on", "path", path)
+		}
+	}()
+	logger.Info("Reading the kernel log for OOM kills", "path", path)
+	return out, nil
+}
+
+// serve listens on addr (synchronously, so that a bad address fails Run) and serves mux
+// in the background.
+func serve(ctx context.Context, addr string, mux http.Handler) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("serving /metrics and /healthz: %w", err)
+	}
+	s := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	logger := klog.FromContext(ctx)
+	logger.Info("Serving /metrics and /healthz", "address", ln.Addr().String())
+	go func() {
+		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error(err, "HTTP server stopped")
+		}
+	}()
+	return s, nil
+}

@@ -1,0 +1,511 @@
+package stamper
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2/ktesting"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/coroner-dev/coroner/agent/classify"
+	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/agent/metrics"
+	"github.com/coroner-dev/coroner/conditions"
+)
+
+// fakePods is a conditions.PodPatcher over pods in memory, like the API server: it
+// applies strategic merge patches and JSON merge patches, checks the resourceVersion and
+// uid preconditions (409 on mismatch), bumps the resourceVersion on every write, answers
+// 404 for pods it does not have, records patches and can inject errors. Safe for
+// concurrent use.
+type fakePods struct {
+	mu        sync.Mutex
+	pods      map[string]*corev1.Pod
+	rv        int
+	patches   []string // "subresource:body"
+	patchErrs []error
+}
+
+var podsResource = schema.GroupResource{Resource: "pods"}
+
+func newFakePods(pods ...*corev1.Pod) *fakePods {
+	f := &fakePods{pods: map[string]*corev1.Pod{}, rv: 100}
+	for _, p := range pods {
+		f.pods[p.Namespace+"/"+p.Name] = p.DeepCopy()
+	}
+	return f
+}
+
+func (f *fakePods) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.pods[namespace+"/"+name]
+	if !ok {
+		return nil, apierrors.NewNotFound(podsResource, name)
+	}
+	return p.DeepCopy(), nil
+}
+
+func (f *fakePods) PatchPod(_ context.Context, namespace, name string, pt types.PatchType, data []byte, subresources ...string) (*corev1.Pod, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.patches = append(f.patches, strings.Join(subresources, "/")+":"+string(data))
+	if len(f.patchErrs) > 0 {
+		err := f.patchErrs[0]
+		f.patchErrs = f.patchErrs[1:]
+		if err != nil {
+			return nil, err
+		}
+	}
+	cur, ok := f.pods[namespace+"/"+name]
+	if !ok {
+		return nil, apierrors.NewNotFound(podsResource, name)
+	}
+	var pre struct {
+		Metadata struct {
+			ResourceVersion string    `json:"resourceVersion"`
+			UID             types.UID `json:"uid"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(data, &pre); err != nil {
+		return nil, apierrors.NewBadRequest(err.Error())
+	}
+	if pre.Metadata.ResourceVersion != "" && pre.Metadata.ResourceVersion != cur.ResourceVersion ||
+		pre.Metadata.UID != "" && pre.Metadata.UID != cur.UID {
+		return nil, apierrors.NewConflict(podsResource, name, errors.New("the object has been modified"))
+	}
+	orig, err := json.Marshal(cur)
+	if err != nil {
+		return nil, err
+	}
+	var patched []byte
+	switch pt {
+	case types.StrategicMergePatchType:
+		patched, err = strategicpatch.StrategicMergePatch(orig, data, corev1.Pod{})
+	case types.MergePatchType:
+		patched, err = mergePatch(orig, data)
+	default:
+		err = fmt.Errorf("unsupported patch type %q", pt)
+	}
+	if err != nil {
+		return nil, apierrors.NewBadRequest(err.Error())
+	}
+	next := &corev1.Pod{}
+	if err := json.Unmarshal(patched, next); err != nil {
+		return nil, apierrors.NewBadRequest(err.Error())
+	}
+	f.rv++
+	next.ResourceVersion = strconv.Itoa(f.rv)
+	f.pods[namespace+"/"+name] = next
+	return next.DeepCopy(), nil
+}
+
+func (f *fakePods) pod(namespace, name string) *corev1.Pod {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p := f.pods[namespace+"/"+name]; p != nil {
+		return p.DeepCopy()
+	}
+	return nil
+}
+
+func (f *fakePods) patchCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.patches)
+}
+
+func (f *fakePods) setPatchErrs(errs ...error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.patchErrs = errs
+}
+
+// mergePatch is RFC 7386 JSON merge patch, enough for the fake.
+func mergePatch(orig, patch []byte) ([]byte, error) {
+	var o, p any
+	if err := json.Unmarshal(orig, &o); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(patch, &p); err != nil {
+		return nil, err
+	}
+	return json.Marshal(mergeValue(o, p))
+}
+
+func mergeValue(orig, patch any) any {
+	pm, ok := patch.(map[string]any)
+	if !ok {
+		return patch
+	}
+	om, ok := orig.(map[string]any)
+	if !ok {
+		om = map[string]any{}
+	}
+	for k, v := range pm {
+		if v == nil {
+			delete(om, k)
+			continue
+		}
+		om[k] = mergeValue(om[k], v)
+	}
+	return om
+}
+
+const (
+	ns      = "team-a"
+	podName = "train-0"
+	podUID  = types.UID("0b5f1f3e-1111-4222-8333-444455556666")
+)
+
+var t0 = time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+
+func testPod() *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: podName, UID: podUID, ResourceVersion: "10"},
+		Spec: corev1.PodSpec{NodeName: "node-a", RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "main"}, {Name: "side"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+}
+
+var ref = PodRef{Namespace: ns, Name: podName, UID: podUID}
+
+func limitOOM(container string) classify.Stamp {
+	msg := "container " + container + " was OOM-killed at its memory limit of 20Mi"
+	return classify.Stamp{Kind: classify.KindLimitOOM, Reason: conditions.ReasonMemoryLimitExceeded, Message: msg,
+		Condition: &corev1.PodCondition{Type: conditions.OOMKilled, Status: corev1.ConditionTrue,
+			Reason: conditions.ReasonMemoryLimitExceeded, Message: msg, LastTransitionTime: metav1.NewTime(t0)}}
+}
+
+func phase(p corev1.PodPhase) classify.Stamp {
+	return classify.Stamp{Kind: classify.KindTerminalPhase, Reason: string(p), Phase: p, Message: "phase " + string(p)}
+}
+
+func history(container string, restart int32) (classify.Stamp, *exithistory.Entry) {
+	return classify.Stamp{Kind: classify.KindExitHistory, Reason: "Recorded",
+			Annotation: &classify.Annotation{Key: conditions.AnnotationExitHistory, Value: "ignored"}},
+		&exithistory.Entry{Container: container, ExitCode: 1, Reason: "Error", FinishedAt: t0.Add(time.Duration(restart) * time.Second), RestartCount: restart}
+}
+
+type env struct {
+	t       *testing.T
+	clk     *testingclock.FakeClock
+	pods    *fakePods
+	s       *Stamper
+	reg     *prometheus.Registry
+	m       *metrics.Metrics
+	rec     *record.FakeRecorder
+	mu      sync.Mutex
+	lookup  func() *corev1.Pod // what Lookup returns; default the fake's current pod
+	stopped chan struct{}
+}
+
+func newEnv(t *testing.T, pods ...*corev1.Pod) *env {
+	t.Helper()
+	e := &env{t: t, clk: testingclock.NewFakeClock(t0), pods: newFakePods(pods...), reg: prometheus.NewRegistry(),
+		rec: record.NewFakeRecorder(100), stopped: make(chan struct{})}
+	e.m = metrics.New(e.reg)
+	e.s = New(Config{
+		Patcher: e.pods,
+		Lookup: func(uid types.UID) *corev1.Pod {
+			e.mu.Lock()
+			l := e.lookup
+			e.mu.Unlock()
+			if l != nil {
+				return l()
+			}
+			p := e.pods.pod(ns, podName)
+			if p == nil || p.UID != uid {
+				return nil
+			}
+			return p
+		},
+		Clock:    e.clk,
+		Metrics:  e.m,
+		History:  exithistory.Limits{MaxEntries: 5},
+		Recorder: e.rec,
+	})
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		defer close(e.stopped)
+		e.s.Run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-e.stopped })
+	return e
+}
+
+func (e *env) setLookup(f func() *corev1.Pod) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.lookup = f
+}
+
+// step advances the fake clock by d once the stamper waits on it.
+func (e *env) step(d time.Duration) {
+	e.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !e.clk.HasWaiters() {
+		if time.Now().After(deadline) {
+			e.t.Fatal("the stamper does not wait on the clock")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	e.clk.Step(d)
+}
+
+// waitPatches waits until the fake has seen n patches, then a little more to catch any
+// extra one.
+func (e *env) waitPatches(n int) {
+	e.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for e.pods.patchCount() < n {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%d patches, want %d: %q", e.pods.patchCount(), n, e.pods.patches)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if got := e.pods.patchCount(); got != n {
+		e.t.Fatalf("%d patches, want %d: %q", got, n, e.pods.patches)
+	}
+}
+
+func (e *env) waitIdle() {
+	e.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for e.s.Pending(podUID) > 0 {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("still %d pending", e.s.Pending(podUID))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+}
+
+func TestBatchOneWritePerPod(t *testing.T) {
+	e := newEnv(t, testPod())
+	e.s.Add(
+		Request{Pod: ref, Stamp: limitOOM("main"), EventTime: t0.Add(-time.Second)},
+		Request{Pod: ref, Stamp: limitOOM("side"), EventTime: t0}, // same type: the first stays
+		Request{Pod: ref, Stamp: limitOOM("main"), EventTime: t0}, // a duplicate
+		Request{Pod: ref, Stamp: phase(corev1.PodFailed), EventTime: t0},
+	)
+	// Nothing before the batch period is over.
+	e.step(DefaultBatchPeriod / 2)
+	time.Sleep(20 * time.Millisecond)
+	if n := e.pods.patchCount(); n != 0 {
+		t.Fatalf("%d patches before the batch period ended", n)
+	}
+	e.step(DefaultBatchPeriod / 2)
+	e.waitPatches(1)
+
+	got := e.pods.pod(ns, podName)
+	if got.Status.Phase != corev1.PodFailed {
+		t.Errorf("phase %q, want Failed", got.Status.Phase)
+	}
+	c := conditions.Find(&got.Status, conditions.OOMKilled)
+	if c == nil || c.Status != corev1.ConditionTrue || !strings.Contains(c.Message, "container main ") {
+		t.Errorf("OOMKilled condition %+v, want True naming container main", c)
+	}
+	if v := metrics.Value(e.m.Stamps.WithLabelValues("LimitOOM", "MemoryLimitExceeded")); v != 1 {
+		t.Errorf("LimitOOM stamps = %v, want 1", v)
+	}
+	if v := metrics.Value(e.m.Stamps.WithLabelValues("TerminalPhase", "Failed")); v != 1 {
+		t.Errorf("TerminalPhase stamps = %v, want 1", v)
+	}
+	if n := metrics.Value(e.m.DetectionLatency); n != 2 {
+		t.Errorf("%v latency samples, want 2 (LimitOOM, TerminalPhase)", n)
+	}
+	// The LimitOOM latency is from its event time, a second before t0, to the patch at
+	// t0 + the batch period.
+	if want := (time.Second + DefaultBatchPeriod).Seconds(); !hasLatency(t, e.reg, "LimitOOM", want) {
+		t.Errorf("no LimitOOM latency sample of %vs", want)
+	}
+	if len(e.rec.Events) != 2 {
+		t.Errorf("%d events, want 2", len(e.rec.Events))
+	}
+}
+
+func hasLatency(t *testing.T, reg *prometheus.Registry, kind string, want float64) bool {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "coroner_agent_detection_latency_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == kind {
+				h := m.GetHistogram()
+				return h.GetSampleCount() == 1 && h.GetSampleSum() > want-0.001 && h.GetSampleSum() < want+0.001
+			}
+		}
+	}
+	return false
+}
+
+func TestBatchesAreSeparatedByThePeriod(t *testing.T) {
+	e := newEnv(t, testPod())
+	e.s.Add(Request{Pod: ref, Stamp: limitOOM("main"), EventTime: t0})
+	e.step(DefaultBatchPeriod)
+	e.waitPatches(1)
+	// A later stamp of the same pod waits a period of its own.
+	e.s.Add(Request{Pod: ref, Stamp: phase(corev1.PodSucceeded), EventTime: e.clk.Now()})
+	time.Sleep(20 * time.Millisecond)
+	if n := e.pods.patchCount(); n != 1 {
+		t.Fatalf("%d patches right after the second Add, want 1", n)
+	}
+	e.step(DefaultBatchPeriod)
+	e.waitPatches(2)
+	if p := e.pods.pod(ns, podName); p.Status.Phase != corev1.PodSucceeded {
+		t.Errorf("phase %q", p.Status.Phase)
+	}
+}
+
+func TestRetryAfterError(t *testing.T) {
+	e := newEnv(t, testPod())
+	e.pods.setPatchErrs(apierrors.NewServiceUnavailable("etcd is sad"), apierrors.NewTooManyRequests("slow down", 1))
+	e.s.Add(Request{Pod: ref, Stamp: limitOOM("main"), EventTime: t0})
+	e.step(DefaultBatchPeriod)
+	e.waitPatches(1)
+	if e.s.Pending(podUID) != 1 {
+		t.Fatalf("the failed stamp is not pending any more")
+	}
+	// Backoff: RetryBase, then twice that.
+	e.step(DefaultRetryBase - time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+	if n := e.pods.patchCount(); n != 1 {
+		t.Fatalf("retried before the backoff: %d patches", n)
+	}
+	e.step(time.Millisecond)
+	e.waitPatches(2)
+	// A stamp added while backing off joins the retry.
+	e.s.Add(Request{Pod: ref, Stamp: phase(corev1.PodFailed), EventTime: t0})
+	e.step(2 * DefaultRetryBase)
+	e.waitPatches(3)
+	e.waitIdle()
+	got := e.pods.pod(ns, podName)
+	if !conditions.IsTrue(&got.Status, conditions.OOMKilled) || got.Status.Phase != corev1.PodFailed {
+		t.Errorf("pod status after the retries: %+v", got.Status)
+	}
+	if v := metrics.Value(e.m.WriteErrors); v != 2 {
+		t.Errorf("write errors = %v, want 2", v)
+	}
+	if v := metrics.Value(e.m.Stamps.WithLabelValues("LimitOOM", "MemoryLimitExceeded")); v != 1 {
+		t.Errorf("LimitOOM stamps = %v, want 1", v)
+	}
+}
+
+func TestPodGone(t *testing.T) {
+	t.Run("not in the cache", func(t *testing.T) {
+		e := newEnv(t, testPod())
+		e.setLookup(func() *corev1.Pod { return nil })
+		e.s.Add(Request{Pod: ref, Stamp: limitOOM("main")})
+		e.step(DefaultBatchPeriod)
+		e.waitIdle()
+		if n := e.pods.patchCount(); n != 0 {
+			t.Errorf("%d patches for a pod that is gone", n)
+		}
+		if v := metrics.Value(e.m.DroppedEvents.WithLabelValues(metrics.DroppedPodGone)); v != 1 {
+			t.Errorf("dropped = %v, want 1", v)
+		}
+	})
+	t.Run("404 from the API server", func(t *testing.T) {
+		e := newEnv(t) // the fake has no pod; the cache still does
+		cached := testPod()
+		e.setLookup(func() *corev1.Pod { return cached })
+		e.s.Add(Request{Pod: ref, Stamp: limitOOM("main")})
+		e.step(DefaultBatchPeriod)
+		e.waitPatches(1)
+		e.waitIdle()
+		if v := metrics.Value(e.m.DroppedEvents.WithLabelValues(metrics.DroppedPodGone)); v != 1 {
+			t.Errorf("dropped = %v, want 1", v)
+		}
+		if v := metrics.Value(e.m.WriteErrors); v != 0 {
+			t.Errorf("a gone pod counted as a write error")
+		}
+	})
+}
+
+func TestTerminalPodKeepsItsPhase(t *testing.T) {
+	p := testPod()
+	p.Status.Phase = corev1.PodFailed
+	e := newEnv(t, p)
+	e.s.Add(Request{Pod: ref, Stamp: phase(corev1.PodSucceeded)}, Request{Pod: ref, Stamp: limitOOM("main")})
+	e.step(DefaultBatchPeriod)
+	e.waitPatches(1)
+	got := e.pods.pod(ns, podName)
+	if got.Status.Phase != corev1.PodFailed || !conditions.IsTrue(&got.Status, conditions.OOMKilled) {
+		t.Errorf("status %+v: want phase Failed kept and OOMKilled added", got.Status)
+	}
+}
+
+// TestExitHistoryFromStaleCache: the cache has not seen the first history write when the
+// second is computed; the annotation still gets both exits.
+func TestExitHistoryFromStaleCache(t *testing.T) {
+	p := testPod()
+	p.Spec.RestartPolicy = corev1.RestartPolicyOnFailure
+	e := newEnv(t, p)
+	stale := e.pods.pod(ns, podName)
+	e.setLookup(func() *corev1.Pod { return stale })
+
+	s1, h1 := history("main", 0)
+	e.s.Add(Request{Pod: ref, Stamp: s1, History: h1})
+	e.step(DefaultBatchPeriod)
+	e.waitPatches(1)
+	s2, h2 := history("main", 1)
+	e.s.Add(Request{Pod: ref, Stamp: s2, History: h2})
+	e.step(DefaultBatchPeriod)
+	e.waitPatches(3) // a conflict (stale resourceVersion), then the write
+	got, err := exithistory.Parse(e.pods.pod(ns, podName).Annotations[conditions.AnnotationExitHistory])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].RestartCount != 0 || got[1].RestartCount != 1 {
+		t.Errorf("exit history %+v, want restarts 0 and 1", got)
+	}
+	if v := metrics.Value(e.m.Stamps.WithLabelValues("ExitHistory", "Recorded")); v != 2 {
+		t.Errorf("ExitHistory stamps = %v, want 2", v)
+	}
+}
+
+func TestForgetDropsPending(t *testing.T) {
+	e := newEnv(t, testPod())
+	e.s.Add(Request{Pod: ref, Stamp: limitOOM("main")})
+	e.s.Forget(podUID)
+	if e.s.Pending(podUID) != 0 {
+		t.Fatal("pending after Forget")
+	}
+	e.clk.Step(DefaultBatchPeriod)
+	time.Sleep(20 * time.Millisecond)
+	if n := e.pods.patchCount(); n != 0 {
+		t.Errorf("%d patches for a forgotten pod", n)
+	}
+}
+
+func TestNonWritingStampsIgnored(t *testing.T) {
+	e := newEnv(t, testPod())
+	e.s.Add(Request{Pod: ref, Stamp: classify.Stamp{Kind: classify.KindUnknownOOM, Reason: "Unknown"}})
+	if e.s.Pending(podUID) != 0 {
+		t.Error("a stamp that writes nothing is pending")
+	}
+}
