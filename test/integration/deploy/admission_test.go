@@ -1,0 +1,276 @@
+package deploy_test
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/test/harness"
+)
+
+// nodeNameKey is the user extra the API server derives from the node claim of a
+// service account token bound to a pod (ServiceAccountTokenPodNodeInfo, GA in 1.32).
+const nodeNameKey = "authentication.kubernetes.io/node-name"
+
+// TestAdmissionPolicyKeepsTheAgentToItsNode uses real service account tokens: the agent's
+// token bound to its pod on node-a, as the kubelet projects it into a DaemonSet pod, and
+// checks what the policy lets it write.
+func TestAdmissionPolicyKeepsTheAgentToItsNode(t *testing.T) {
+	env := deployed(t)
+	ctx := context.Background()
+	admin := kubernetes.NewForConfigOrDie(env.Config)
+	ns := env.Namespace(t)
+
+	for _, n := range []string{"node-a", "node-b"} {
+		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	// The agent's pod on node-a, as its DaemonSet would make it.
+	agentPod := createPod(t, admin, namespace, "coroner-agent-node-a", "node-a", "coroner-agent")
+	token := tokenFor(t, admin, "coroner-agent", agentPod)
+	unbound := tokenFor(t, admin, "coroner-agent", nil)
+
+	// Finding: the claim is there in v1.36.3, and the API server turns it into the user
+	// extra the policy reads.
+	claims := jwtClaims(t, token)
+	if claims.Kubernetes.Node == nil || claims.Kubernetes.Node.Name != "node-a" || claims.Kubernetes.Node.UID == "" {
+		t.Fatalf("the pod-bound token has no node claim: %+v", claims.Kubernetes)
+	}
+	agent := kubernetes.NewForConfigOrDie(tokenConfig(env, token))
+	review, err := agent.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ui := review.Status.UserInfo
+	if ui.Username != "system:serviceaccount:coroner-system:coroner-agent" || len(ui.Extra[nodeNameKey]) != 1 || ui.Extra[nodeNameKey][0] != "node-a" {
+		t.Fatalf("the agent is %q with extra %v; want coroner-system's coroner-agent with %s=[node-a]", ui.Username, ui.Extra, nodeNameKey)
+	}
+	t.Logf("agent token: node claim %+v, user extra %v", *claims.Kubernetes.Node, ui.Extra)
+
+	workA := createPod(t, admin, ns, "work-a", "node-a", "")
+	workB := createPod(t, admin, ns, "work-b", "node-b", "")
+	unscheduled := createPod(t, admin, ns, "work-none", "", "")
+
+	pods := agent.CoreV1().Pods(ns)
+	stamp := []byte(`{"status":{"conditions":[{"type":"coroner.dev/OOMKilled","status":"True","reason":"MemoryLimitExceeded"}]}}`)
+	ownNode := fmt.Sprintf("ValidatingAdmissionPolicy '%s'", policyName)
+
+	// The policy is enforced once the API server's admission plugin has seen it.
+	err = eventually(30*time.Second, func() error {
+		_, err := pods.Patch(ctx, workB.Name, types.StrategicMergePatchType, stamp, metav1.PatchOptions{}, "status")
+		if isForbiddenBy(err, ownNode) {
+			return nil
+		}
+		return fmt.Errorf("patching a pod on node-b as node-a's agent: %v", err)
+	})
+	if err != nil {
+		t.Fatalf("the policy is not enforced: %v", err)
+	}
+
+	denied := func(t *testing.T, err error, parts ...string) {
+		t.Helper()
+		if !isForbiddenBy(err, parts...) {
+			t.Errorf("err = %v; want 403 Forbidden naming %q", err, parts)
+		}
+	}
+	allowed := func(t *testing.T, err error) {
+		t.Helper()
+		if err != nil {
+			t.Errorf("err = %v; want allowed", err)
+		}
+	}
+	exitHistory := func(v string) []byte {
+		return []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, conditions.AnnotationExitHistory, v))
+	}
+
+	t.Run("status of a pod on its own node", func(t *testing.T) {
+		p, err := pods.Patch(ctx, workA.Name, types.StrategicMergePatchType, stamp, metav1.PatchOptions{}, "status")
+		allowed(t, err)
+		if err == nil && !conditions.IsTrue(&p.Status, conditions.OOMKilled) {
+			t.Errorf("the stamp was not stored: %+v", p.Status.Conditions)
+		}
+	})
+	t.Run("status of a pod on another node", func(t *testing.T) {
+		_, err := pods.Patch(ctx, workB.Name, types.StrategicMergePatchType, stamp, metav1.PatchOptions{}, "status")
+		denied(t, err, ownNode, "coroner-agent on node node-a may only write pods bound to its own node; pod "+ns+"/work-b is on node node-b")
+	})
+	t.Run("status of an unscheduled pod", func(t *testing.T) {
+		_, err := pods.Patch(ctx, unscheduled.Name, types.StrategicMergePatchType, stamp, metav1.PatchOptions{}, "status")
+		denied(t, err, ownNode, "pod "+ns+"/work-none is not bound to a node")
+	})
+	t.Run("exit history on a pod of its own node", func(t *testing.T) {
+		p, err := pods.Patch(ctx, workA.Name, types.MergePatchType, exitHistory(`[{"container":"main","exitCode":1}]`), metav1.PatchOptions{})
+		allowed(t, err)
+		if err == nil && p.Annotations[conditions.AnnotationExitHistory] == "" {
+			t.Error("the annotation was not stored")
+		}
+	})
+	t.Run("exit history on a pod of another node", func(t *testing.T) {
+		_, err := pods.Patch(ctx, workB.Name, types.MergePatchType, exitHistory("[]"), metav1.PatchOptions{})
+		denied(t, err, ownNode, "is on node node-b")
+	})
+	t.Run("exit history through pods/status", func(t *testing.T) {
+		// Finding: the status subresource of a pod stores metadata (labels, annotations,
+		// finalizers) too, so the agent could write its exit history without patch on
+		// pods; the policy holds pods/status to the same metadata rule.
+		p, err := pods.Patch(ctx, workA.Name, types.MergePatchType, exitHistory(`[{"container":"main","exitCode":2}]`), metav1.PatchOptions{}, "status")
+		allowed(t, err)
+		if err == nil && !strings.Contains(p.Annotations[conditions.AnnotationExitHistory], `"exitCode":2`) {
+			t.Errorf("pods/status did not store the annotation: %v", p.Annotations)
+		}
+	})
+	for _, tc := range []struct {
+		name, patch, subresource, want string
+	}{
+		{"another annotation", `{"metadata":{"annotations":{"example.com/x":"y"}}}`, "", "may change no label, finalizer or annotation of a pod except coroner.dev/exit-history"},
+		{"another annotation through pods/status", `{"metadata":{"annotations":{"example.com/x":"y"}}}`, "status", "may change no label, finalizer or annotation"},
+		{"a label", `{"metadata":{"labels":{"app":"x"}}}`, "", "may change no label"},
+		{"a label through pods/status", `{"metadata":{"labels":{"app":"x"}}}`, "status", "may change no label"},
+		{"a finalizer through pods/status", `{"metadata":{"finalizers":["example.com/hold"]}}`, "status", "may change no label, finalizer"},
+		{"the spec", `{"spec":{"activeDeadlineSeconds":5}}`, "", "may not change a pod's spec"},
+	} {
+		t.Run(tc.name+" on its own node", func(t *testing.T) {
+			var sub []string
+			if tc.subresource != "" {
+				sub = []string{tc.subresource}
+			}
+			_, err := pods.Patch(ctx, workA.Name, types.MergePatchType, []byte(tc.patch), metav1.PatchOptions{}, sub...)
+			denied(t, err, ownNode, tc.want)
+		})
+	}
+	t.Run("delete and create are not granted", func(t *testing.T) {
+		err := pods.Delete(ctx, workA.Name, metav1.DeleteOptions{})
+		denied(t, err, `cannot delete resource "pods"`)
+		_, err = pods.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: workA.Spec}, metav1.CreateOptions{})
+		denied(t, err, `cannot create resource "pods"`)
+	})
+	t.Run("list its node's pods", func(t *testing.T) {
+		list, err := agent.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=node-a"})
+		allowed(t, err)
+		if err == nil && len(list.Items) < 2 {
+			t.Errorf("listed %d pods on node-a, want the agent's and work-a", len(list.Items))
+		}
+	})
+	t.Run("its own Lease only", func(t *testing.T) {
+		leases := agent.CoordinationV1().Leases(namespace)
+		own := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "coroner-agent-node-a"}, Spec: coordinationv1.LeaseSpec{HolderIdentity: ptrTo("node-a")}}
+		l, err := leases.Create(ctx, own, metav1.CreateOptions{})
+		allowed(t, err)
+		if err == nil {
+			l.Spec.LeaseDurationSeconds = ptrTo[int32](40)
+			_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+			allowed(t, err)
+		}
+		other := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "coroner-agent-node-b"}}
+		_, err = leases.Create(ctx, other, metav1.CreateOptions{})
+		denied(t, err, ownNode, "may only write its own Lease coroner-agent-node-a, not coroner-agent-node-b")
+		_, err = agent.CoordinationV1().Leases(ns).Create(ctx, own, metav1.CreateOptions{})
+		denied(t, err, `cannot create resource "leases"`)
+	})
+	t.Run("a token without the node claim writes nothing", func(t *testing.T) {
+		c := kubernetes.NewForConfigOrDie(tokenConfig(env, unbound))
+		_, err := c.CoreV1().Pods(ns).Patch(ctx, workA.Name, types.StrategicMergePatchType, stamp, metav1.PatchOptions{}, "status")
+		denied(t, err, ownNode, "this token has no authentication.kubernetes.io/node-name claim")
+	})
+	t.Run("the shim and admins are not restricted", func(t *testing.T) {
+		shim := kubernetes.NewForConfigOrDie(tokenConfig(env, tokenFor(t, admin, "coroner-shim", nil)))
+		_, err := shim.CoreV1().Pods(ns).Patch(ctx, workB.Name, types.StrategicMergePatchType, stamp, metav1.PatchOptions{}, "status")
+		allowed(t, err)
+		_, err = admin.CoreV1().Pods(ns).Patch(ctx, workB.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"x"}}}`), metav1.PatchOptions{})
+		allowed(t, err)
+	})
+}
+
+// createPod creates a pod bound to node (none when empty), run by serviceAccount (the
+// namespace's default when empty), and force-deletes it when the test ends (no kubelet
+// would finish a graceful deletion).
+func createPod(t *testing.T, c kubernetes.Interface, ns, name, node, serviceAccount string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			NodeName:           node,
+			ServiceAccountName: serviceAccount,
+			Containers:         []corev1.Container{{Name: "main", Image: "busybox:local"}},
+		},
+	}
+	p, err := c.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating pod %s/%s: %v", ns, name, err)
+	}
+	t.Cleanup(func() {
+		_ = c.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo[int64](0)})
+	})
+	return p
+}
+
+// tokenFor requests a token for the service account of coroner's namespace, bound to pod
+// when not nil, as the kubelet does for a projected service account token.
+func tokenFor(t *testing.T, c kubernetes.Interface, serviceAccount string, pod *corev1.Pod) string {
+	t.Helper()
+	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo[int64](600)}}
+	if pod != nil {
+		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
+	}
+	tr, err := c.CoreV1().ServiceAccounts(namespace).CreateToken(context.Background(), serviceAccount, req, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("TokenRequest for %s: %v", serviceAccount, err)
+	}
+	return tr.Status.Token
+}
+
+func tokenConfig(env *harness.Env, token string) *rest.Config {
+	return &rest.Config{
+		Host:            env.Config.Host,
+		BearerToken:     token,
+		TLSClientConfig: rest.TLSClientConfig{CAData: env.Config.CAData},
+		QPS:             50,
+		Burst:           100,
+	}
+}
+
+type ref struct {
+	Name string `json:"name"`
+	UID  string `json:"uid"`
+}
+
+type tokenClaims struct {
+	Kubernetes struct {
+		Namespace string `json:"namespace"`
+		Pod       *ref   `json:"pod"`
+		Node      *ref   `json:"node"`
+	} `json:"kubernetes.io"`
+}
+
+// jwtClaims decodes (without verifying) the payload of a JWT.
+func jwtClaims(t *testing.T, token string) tokenClaims {
+	t.Helper()
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		t.Fatalf("not a JWT: %d parts", len(parts))
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c tokenClaims
+	if err := json.Unmarshal(payload, &c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

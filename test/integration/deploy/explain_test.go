@@ -1,0 +1,102 @@
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/coroner-dev/coroner/cmd/coronerctl/explain"
+	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/test/harness"
+	"github.com/coroner-dev/coroner/test/wrappers"
+)
+
+// TestExplainAgainstTheAPIServer runs `coronerctl explain` against the real API server
+// (the unit tests use client-go's fake, which ignores field selectors): the Job's
+// generated selector finds its pods, and the events field selector on involvedObject.uid
+// is accepted and finds the shim's decisions.
+func TestExplainAgainstTheAPIServer(t *testing.T) {
+	env := harness.Shared(t)
+	ctx := context.Background()
+	client := kubernetes.NewForConfigOrDie(env.Config)
+	ns := env.Namespace(t)
+
+	// No Job controller runs in the harness; the test writes what the shim would.
+	job, err := client.BatchV1().Jobs(ns).Create(ctx, wrappers.MakeJob("train", ns).ManagedBy(conditions.ManagedBy).
+		Indexed().Completions(2).Parallelism(2).BackoffLimitPerIndex(0).
+		PodFailurePolicy(
+			wrappers.OnExitCodes(batchv1.PodFailurePolicyActionFailIndex, batchv1.PodFailurePolicyOnExitCodesOpIn, 42).InContainer("main"),
+			wrappers.OnPodCondition(batchv1.PodFailurePolicyActionIgnore, corev1.DisruptionTarget),
+		).Obj(), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := wrappers.MakePod("train-1-abcde", ns).Index(1).
+		Label(batchv1.ControllerUidLabel, string(job.UID)).Label(batchv1.JobNameLabel, job.Name).Obj()
+	pod.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(job, batchv1.SchemeGroupVersion.WithKind("Job"))}
+	pod, err = client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	finished := metav1.NewTime(time.Now().Truncate(time.Second))
+	pod.Status = corev1.PodStatus{Phase: corev1.PodFailed, ContainerStatuses: []corev1.ContainerStatus{{
+		Name: "main", Image: "busybox:local",
+		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 42, Reason: "Error", StartedAt: finished, FinishedAt: finished}},
+	}}}
+	if _, err := client.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []*corev1.Event{
+		{
+			ObjectMeta:     metav1.ObjectMeta{GenerateName: "train-", Namespace: ns},
+			InvolvedObject: corev1.ObjectReference{Kind: "Job", APIVersion: "batch/v1", Namespace: ns, Name: job.Name, UID: job.UID},
+			Reason:         conditions.EventReasonPodFailurePolicy, Type: corev1.EventTypeWarning,
+			Message:        "pod " + ns + "/train-0-gone: container main exited 42, matched rule 0 (FailIndex): index 0 failed",
+			Source:         corev1.EventSource{Component: "coroner-shim"},
+			FirstTimestamp: finished, LastTimestamp: finished, Count: 1,
+		},
+		{ // another object's event is not the Job's
+			ObjectMeta:     metav1.ObjectMeta{GenerateName: "other-", Namespace: ns},
+			InvolvedObject: corev1.ObjectReference{Kind: "Job", APIVersion: "batch/v1", Namespace: ns, Name: "other", UID: "other-uid"},
+			Reason:         conditions.EventReasonPodFailurePolicy, Type: corev1.EventTypeWarning,
+			Message:        "pod " + ns + "/other-0-x: not this Job's",
+			FirstTimestamp: finished, LastTimestamp: finished, Count: 1,
+		},
+	} {
+		if _, err := client.CoreV1().Events(ns).Create(ctx, e, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var out bytes.Buffer
+	if err := explain.Job(ctx, client, ns, "train", &out); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	t.Logf("coronerctl explain job train:\n%s", got)
+	for _, want := range []string{
+		"Job " + ns + "/train\n",
+		"  mode:        Indexed, completions 2, parallelism 2\n",
+		// The API server's defaults are shown as stored.
+		"podReplacementPolicy Failed\n",
+		"Failed pods (1):\n  train-1-abcde  index 1",
+		"    exit:       container main exited 42 (Error)",
+		"    rule:       rule 0 (FailIndex): container main exit code 42\n",
+		"    action:     index 1 fails, without retries\n",
+		"  pod " + ns + "/train-0-gone: container main exited 42, matched rule 0 (FailIndex): index 0 failed\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the output lacks %q", want)
+		}
+	}
+	if strings.Contains(got, "not this Job's") {
+		t.Error("the output shows another Job's event")
+	}
+}
