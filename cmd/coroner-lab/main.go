@@ -1,0 +1,90 @@
+// Command coroner-lab runs coroner's local lab (test/lab): a Kubernetes cluster of
+// processes on this machine with three nodes of real kubelets and containerd, coroner
+// deployed, and a demo Job. `make lab` and `make lab-down` call it.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/spf13/pflag"
+
+	"github.com/coroner-dev/coroner/cmd/internal/cli"
+	"github.com/coroner-dev/coroner/test/lab"
+)
+
+const summary = `coroner-lab: coroner's local lab, a Kubernetes v1.36.3 cluster of processes on this machine
+(etcd, kube-apiserver, kube-controller-manager, kube-scheduler, three nodes of kubelet +
+containerd in their own network namespaces) with coroner deployed from deploy/overlays/lab.
+Needs root. Files in _output/lab.
+
+usage: coroner-lab [flags] COMMAND
+  up          build what is missing, start the lab, deploy coroner, run the demo Job
+              (says so and does nothing when the lab is up; repairs a broken one)
+  down        stop everything the lab started and remove what it created
+  status      the lab's processes, nodes and pods (exit 3 when it is not up)
+  kubeconfig  print the kubeconfig path: export KUBECONFIG=$(coroner-lab kubeconfig)
+  demo        run the demo Job again`
+
+func main() {
+	var opts struct {
+		skipBuild, skipDeploy, skipDemo bool
+		overlay                         string
+	}
+	fs := pflag.NewFlagSet("coroner-lab", pflag.ContinueOnError)
+	fs.BoolVar(&opts.skipBuild, "skip-build", false, "up: do not run test/tools/build.sh nor build coroner-agent and coroner-shim; use the binaries in _output/bin")
+	fs.BoolVar(&opts.skipDeploy, "skip-deploy", false, "up: do not deploy coroner (nor run the demo)")
+	fs.BoolVar(&opts.skipDemo, "skip-demo", false, "up: do not run the demo Job")
+	fs.StringVar(&opts.overlay, "overlay", "", "up: the kustomization that deploys coroner (default deploy/overlays/lab)")
+	cli.Parse(fs, summary, os.Args[1:])
+	if fs.NArg() != 1 {
+		cli.Fail(fs.Name(), errors.New("want exactly one command: up, down, status, kubeconfig or demo"))
+	}
+	cfg, err := lab.DefaultConfig()
+	if err != nil {
+		fail(err)
+	}
+	cfg.SkipBuild, cfg.SkipDeploy, cfg.SkipDemo = opts.skipBuild, opts.skipDeploy, opts.skipDemo
+	if opts.overlay != "" {
+		if cfg.Overlay, err = filepath.Abs(opts.overlay); err != nil {
+			fail(err)
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch cmd := fs.Arg(0); cmd {
+	case "up":
+		err = lab.Up(ctx, cfg)
+	case "down":
+		err = lab.Down(ctx, cfg)
+	case "status":
+		err = lab.Status(ctx, cfg)
+		if errors.Is(err, lab.ErrNotUp) {
+			os.Exit(3)
+		}
+	case "kubeconfig":
+		if _, serr := os.Stat(cfg.Kubeconfig()); serr != nil {
+			err = fmt.Errorf("no kubeconfig at %s: the lab is not up (make lab)", cfg.Kubeconfig())
+		} else {
+			fmt.Println(cfg.Kubeconfig())
+		}
+	case "demo":
+		err = lab.Demo(ctx, cfg)
+	default:
+		cli.Fail(fs.Name(), fmt.Errorf("unknown command %q: want up, down, status, kubeconfig or demo", cmd))
+	}
+	if err != nil {
+		fail(err)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintf(os.Stderr, "coroner-lab: %v\n", err)
+	os.Exit(1)
+}

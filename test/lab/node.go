@@ -1,0 +1,381 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/coroner-dev/coroner/test/images"
+)
+
+// prepareNode makes the node's directories, cgroup and configuration files.
+func (c Config) prepareNode(st *State, n Node, p *pki) error {
+	dir, run := c.nodeDir(n), c.nodeRunDir(n)
+	for _, d := range []string{dir, filepath.Join(dir, "cni"), filepath.Join(dir, "kubelet"), filepath.Join(dir, "pod-logs"), run} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := st.addCgroup(n.Cgroup()); err != nil {
+		return err
+	}
+	if err := createCgroup(n.Cgroup()); err != nil {
+		return fmt.Errorf("cgroup %s: %w", n.Cgroup(), err)
+	}
+	files := map[string]string{
+		filepath.Join(dir, "containerd.toml"):                c.containerdConfig(n),
+		filepath.Join(dir, "cni", "10-coroner-lab.conflist"): cniConfig(n, filepath.Join(dir, "ipam")),
+		filepath.Join(dir, "kubelet.yaml"):                   c.kubeletConfig(n, p),
+	}
+	for path, content := range files {
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// containerdConfig is the node's containerd config.toml (version 2, containerd 1.6), as
+// lab-notes.md and test/containerd say works on these machines: restrict_oom_score_adj
+// (no CAP_SYS_RESOURCE), overlayfs, runc v2 with cgroupfs, the lab's pause image, CNI from
+// /usr/lib/cni with the node's own config directory.
+func (c Config) containerdConfig(n Node) string {
+	dir, run := c.nodeDir(n), c.nodeRunDir(n)
+	return fmt.Sprintf(`version = 2
+root = %[1]q
+state = %[2]q
+oom_score = 0
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = %[3]q
+
+[debug]
+  level = "info"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = %[4]q
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %[5]q
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  disable_apparmor = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = %[6]q
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = %[7]q
+    max_conf_num = 1
+`, filepath.Join(dir, "containerd"), filepath.Join(run, "state"), n.Socket(),
+		filepath.Join(dir, "opt"), images.PauseName, filepath.Join(run, "runc"), filepath.Join(dir, "cni"))
+}
+
+// cniConfig is the node's CNI network: a bridge cni0 in the node's network namespace with
+// the node's pod CIDR from host-local (its data kept in the node's directory). No ipMasq
+// (it needs iptables): the host and the other nodes route the pod CIDRs.
+func cniConfig(n Node, ipamDir string) string {
+	return fmt.Sprintf(`{
+  "cniVersion": "0.4.0",
+  "name": "coroner-%[1]s",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": %[2]q, "gateway": %[3]q}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": %[4]q
+      }
+    }
+  ]
+}
+`, n.Name, n.PodCIDR.String(), n.gateway().String(), ipamDir)
+}
+
+// kubeletConfig is the node's KubeletConfiguration, with what lab-notes.md found
+// necessary: cgroupfs, failCgroupV1 false (1.36 refuses cgroup v1 by default), failSwapOn
+// false, a cgroupRoot of its own that exists in every hierarchy, its own directories,
+// webhook authentication and authorization with the cluster CA, fast status updates, and
+// no image garbage collection (imported images cannot be pulled again).
+func (c Config) kubeletConfig(n Node, p *pki) string {
+	dir := c.nodeDir(n)
+	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://%[1]s
+cgroupDriver: cgroupfs
+cgroupRoot: /%[2]s
+failCgroupV1: false
+failSwapOn: false
+address: %[3]s
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+tlsCertFile: %[4]q
+tlsPrivateKeyFile: %[5]q
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: %[6]q
+authorization:
+  mode: Webhook
+podLogsDir: %[7]q
+volumePluginDir: %[8]q
+nodeStatusUpdateFrequency: 5s
+nodeStatusReportFrequency: 5s
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 2%%
+  imagefs.available: 2%%
+  nodefs.inodesFree: 2%%
+resolvConf: /etc/resolv.conf
+rotateCertificates: false
+serverTLSBootstrap: false
+registerNode: true
+`, n.Socket(), n.Cgroup(), n.IP, filepath.Join(p.dir, n.Name+"-serving.crt"), filepath.Join(p.dir, n.Name+"-serving.key"),
+		p.caFile(), filepath.Join(dir, "pod-logs"), filepath.Join(dir, "volume-plugins"))
+}
+
+// startContainerd starts the node's containerd in its network namespace and waits until
+// its CRI plugin reports the runtime and the network ready.
+func (c Config) startContainerd(ctx context.Context, st *State, n Node) error {
+	name := "containerd-" + n.Name
+	p, err := startDaemon(name, "containerd", []string{"--config", filepath.Join(c.nodeDir(n), "containerd.toml")}, c.logPath(name), n.NetnsPath())
+	if err != nil {
+		return err
+	}
+	p.Node = n.Name
+	if err := st.addProc(p); err != nil {
+		return err
+	}
+	cri, err := dialCRI(n.Socket())
+	if err != nil {
+		return err
+	}
+	defer cri.Close()
+	deadline := time.Now().Add(60 * time.Second)
+	var last error
+	for {
+		if !p.running() {
+			return fmt.Errorf("containerd of %s exited:\n%s", n.Name, logTail(p.Log, 3000))
+		}
+		if last = cri.ready(ctx); last == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("containerd of %s not ready within 60s: %v\n%s", n.Name, last, logTail(p.Log, 3000))
+		}
+		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// importImages loads the image tarballs into the node's containerd and waits until the
+// CRI plugin sees every one (it learns of imports from events; a kubelet asking earlier
+// would try to pull).
+func (c Config) importImages(ctx context.Context, n Node, imgs []images.Image) error {
+	for _, img := range imgs {
+		if err := images.Import(ctx, "ctr", n.Socket(), img.Tarball); err != nil {
+			return err
+		}
+	}
+	cri, err := dialCRI(n.Socket())
+	if err != nil {
+		return err
+	}
+	defer cri.Close()
+	for _, img := range imgs {
+		err := poll(ctx, 20*time.Second, "image "+img.Name+" in the CRI plugin of "+n.Name, func() (bool, error) {
+			r, err := cri.images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: img.Name}})
+			return err == nil && r.Image != nil, nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startKubelet starts the node's kubelet in its network namespace.
+func (c Config) startKubelet(st *State, n Node) error {
+	name := "kubelet-" + n.Name
+	dir := c.nodeDir(n)
+	p, err := startDaemon(name, c.bin("kubelet"), []string{
+		"--config=" + filepath.Join(dir, "kubelet.yaml"),
+		"--kubeconfig=" + filepath.Join(c.pkiDir(), n.Name+".kubeconfig"),
+		"--root-dir=" + filepath.Join(dir, "kubelet"),
+		"--hostname-override=" + n.Name,
+		"--node-ip=" + n.IP.String(),
+		"--node-labels=lab.coroner.dev/node=" + n.Name,
+		"--v=1",
+	}, c.logPath(name), n.NetnsPath())
+	if err != nil {
+		return err
+	}
+	p.Node = n.Name
+	return st.addProc(p)
+}
+
+// waitNodesReady waits until every lab node is registered and Ready, and says which are
+// not when it gives up.
+func (c Config) waitNodesReady(ctx context.Context, st *State, timeout time.Duration) error {
+	cs, err := c.clientset()
+	if err != nil {
+		return err
+	}
+	var notReady []string
+	err = poll(ctx, timeout, "nodes Ready", func() (bool, error) {
+		for _, p := range st.procs() {
+			if strings.HasPrefix(p.Name, "kubelet-") && !p.running() {
+				return false, fmt.Errorf("%s exited:\n%s", p.Name, logTail(p.Log, 3000))
+			}
+		}
+		notReady = notReady[:0]
+		for _, n := range c.Nodes {
+			node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				notReady = append(notReady, n.Name+" (not registered)")
+				continue
+			}
+			if !nodeReady(node) {
+				notReady = append(notReady, n.Name+" ("+readyMessage(node)+")")
+			}
+		}
+		return len(notReady) == 0, nil
+	})
+	if err != nil && len(notReady) > 0 {
+		return fmt.Errorf("%w: %s (logs: %s)", err, strings.Join(notReady, ", "), c.shortPath(c.logDir()))
+	}
+	return err
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func readyMessage(n *corev1.Node) string {
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return fmt.Sprintf("Ready=%s %s", cond.Status, cond.Message)
+		}
+	}
+	return "no Ready condition yet"
+}
+
+// criClient is a CRI connection to a node's containerd.
+type criClient struct {
+	conn    *grpc.ClientConn
+	runtime runtimeapi.RuntimeServiceClient
+	images  runtimeapi.ImageServiceClient
+}
+
+func dialCRI(socket string) (*criClient, error) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}))
+	if err != nil {
+		return nil, err
+	}
+	return &criClient{conn: conn, runtime: runtimeapi.NewRuntimeServiceClient(conn), images: runtimeapi.NewImageServiceClient(conn)}, nil
+}
+
+func (c *criClient) Close() { c.conn.Close() }
+
+// ready is nil once the runtime and its network are ready.
+func (c *criClient) ready(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	st, err := c.runtime.Status(cctx, &runtimeapi.StatusRequest{})
+	if err != nil {
+		return err
+	}
+	ok := 0
+	for _, cond := range st.GetStatus().GetConditions() {
+		if (cond.Type == runtimeapi.RuntimeReady || cond.Type == runtimeapi.NetworkReady) && cond.Status {
+			ok++
+		}
+	}
+	if ok < 2 {
+		return fmt.Errorf("CRI status: %v", st.GetStatus())
+	}
+	return nil
+}
+
+// kubeletSysctls are the kernel tunables the kubelet sets when it starts (with
+// protectKernelDefaults false, the default): pkg/kubelet/cm setupKernelTunables.
+var kubeletSysctls = []string{
+	"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+}
+
+// readSysctls returns the current values of kubeletSysctls.
+func readSysctls() map[string]string {
+	m := map[string]string{}
+	for _, k := range kubeletSysctls {
+		if b, err := os.ReadFile("/proc/sys/" + k); err == nil {
+			m[k] = strings.TrimSpace(string(b))
+		}
+	}
+	return m
+}
+
+// restoreSysctls writes back values recorded by readSysctls; it returns what it changed.
+func restoreSysctls(m map[string]string) ([]string, error) {
+	var changed []string
+	var errs []string
+	for _, k := range kubeletSysctls {
+		want, ok := m[k]
+		if !ok {
+			continue
+		}
+		b, err := os.ReadFile("/proc/sys/" + k)
+		if err != nil || strings.TrimSpace(string(b)) == want {
+			continue
+		}
+		if err := os.WriteFile("/proc/sys/"+k, []byte(want), 0o644); err != nil {
+			errs = append(errs, fmt.Sprintf("%s: %v", k, err))
+			continue
+		}
+		changed = append(changed, fmt.Sprintf("%s=%s", strings.ReplaceAll(k, "/", "."), want))
+	}
+	if len(errs) > 0 {
+		return changed, fmt.Errorf("restoring sysctls: %s", strings.Join(errs, "; "))
+	}
+	return changed, nil
+}

@@ -1,0 +1,230 @@
+package lab
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netns"
+)
+
+// startDaemon starts bin as a daemon of the lab: in a session of its own (so it outlives
+// the command that started it and a Ctrl-C in that terminal), stdin from /dev/null,
+// stdout and stderr appended to logPath. With nsPath it starts in that network namespace
+// and nothing else: the same as `nsenter --net=PATH`, and unlike `ip netns exec`, which
+// also remounts /sys in a mount namespace of its own and would hide the cgroup mounts.
+func startDaemon(name, bin string, args []string, logPath, nsPath string) (Proc, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return Proc{}, err
+	}
+	defer logFile.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if nsPath == "" {
+		err = cmd.Start()
+	} else {
+		err = startInNetns(cmd, nsPath)
+	}
+	if err != nil {
+		return Proc{}, fmt.Errorf("start %s: %w", name, err)
+	}
+	// Reap it if it exits while this process still runs (the Go test runs Up and Down in
+	// one process); otherwise init does.
+	go func() { _ = cmd.Wait() }()
+	st, err := procStartTime(cmd.Process.Pid)
+	if err != nil {
+		return Proc{}, fmt.Errorf("%s exited at once (see %s)", name, logPath)
+	}
+	return Proc{Name: name, PID: cmd.Process.Pid, StartTime: st, Log: logPath}, nil
+}
+
+// startInNetns forks cmd from an OS thread that has joined the network namespace at
+// nsPath, so the child starts in it; the thread goes back to the original namespace
+// afterwards (or, if that fails, stays locked and is thrown away by the Go runtime when
+// the goroutine ends).
+func startInNetns(cmd *exec.Cmd, nsPath string) error {
+	return inNetns(nsPath, cmd.Start)
+}
+
+// inNetns runs f on an OS thread that has joined the network namespace at nsPath.
+func inNetns(nsPath string, f func() error) error {
+	target, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return fmt.Errorf("open network namespace %s: %w", nsPath, err)
+	}
+	defer target.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(target); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter network namespace %s: %w", nsPath, err)
+			return
+		}
+		ferr := f()
+		if err := netns.Set(orig); err != nil {
+			// Leave the thread locked: the runtime ends it with this goroutine.
+			errc <- fmt.Errorf("leave network namespace %s: %w (after: %v)", nsPath, err, ferr)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// procStartTime is field 22 of /proc/PID/stat: the start time in clock ticks since boot.
+func procStartTime(pid int) (string, error) {
+	f, err := procStat(pid)
+	if err != nil {
+		return "", err
+	}
+	return f[19], nil // f starts at field 3
+}
+
+// procStat returns the fields of /proc/PID/stat after the command name (field 3 on).
+func procStat(pid int) ([]string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("odd /proc/%d/stat", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return nil, fmt.Errorf("odd /proc/%d/stat", pid)
+	}
+	return f, nil
+}
+
+// alive reports whether pid runs (exists and is not a zombie).
+func alive(pid int) bool {
+	f, err := procStat(pid)
+	return err == nil && f[0] != "Z"
+}
+
+// running reports whether the recorded process still runs: same PID, same start time.
+func (p Proc) running() bool {
+	f, err := procStat(p.PID)
+	return err == nil && f[0] != "Z" && f[19] == p.StartTime
+}
+
+// stop sends SIGTERM to the process (and its process group: it leads its own session),
+// waits up to grace, then sends SIGKILL and waits until it is gone. A process whose start
+// time differs is another one that reuses the PID and is left alone.
+func (p Proc) stop(grace time.Duration) {
+	if !p.running() {
+		return
+	}
+	_ = syscall.Kill(-p.PID, syscall.SIGTERM)
+	_ = syscall.Kill(p.PID, syscall.SIGTERM)
+	if waitGone([]int{p.PID}, grace) {
+		return
+	}
+	if p.running() {
+		_ = syscall.Kill(-p.PID, syscall.SIGKILL)
+		_ = syscall.Kill(p.PID, syscall.SIGKILL)
+	}
+	waitGone([]int{p.PID}, 5*time.Second)
+}
+
+// waitGone waits until every pid has exited; false if some still run after timeout.
+func waitGone(pids []int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for _, pid := range pids {
+		for alive(pid) {
+			if time.Now().After(deadline) {
+				return false
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return true
+}
+
+func killAll(pids []int) {
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// labPrograms are the programs the lab runs outside containers.
+var labPrograms = map[string]bool{
+	"etcd": true, "kube-apiserver": true, "kube-controller-manager": true, "kube-scheduler": true,
+	"kubelet": true, "containerd": true, "containerd-shim-runc-v2": true, "runc": true,
+}
+
+// processesUsing returns the running lab programs (labPrograms) with a command-line
+// argument inside one of dirs (or equal to it): what the lab started (etcd
+// --data-dir=..., kubelet --config=..., containerd --config ...) and the containerd shims
+// (-address /run/coroner-lab/NODE/containerd.sock). Down uses it to find what a lost or
+// stale state file does not name. Other programs (a `tail -f` of a lab log, a kubectl
+// with the lab's kubeconfig) are left alone.
+func processesUsing(dirs ...string) []int {
+	entries, _ := os.ReadDir("/proc")
+	self := os.Getpid()
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self || !alive(pid) {
+			continue
+		}
+		exe, err := os.Readlink("/proc/" + e.Name() + "/exe")
+		if err != nil || !labPrograms[filepath.Base(strings.TrimSuffix(exe, " (deleted)"))] {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		if argsInside(bytes.Split(b, []byte{0}), dirs) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func argsInside(args [][]byte, dirs []string) bool {
+	for _, a := range args[min(1, len(args)):] { // not the program itself
+		s := string(a)
+		if i := strings.IndexByte(s, '='); i >= 0 && strings.HasPrefix(s, "-") {
+			s = s[i+1:]
+		}
+		s = strings.TrimPrefix(s, "unix://")
+		for _, d := range dirs {
+			if s == d || strings.HasPrefix(s, d+"/") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// commandName is /proc/PID/comm, for messages.
+func commandName(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
+}
