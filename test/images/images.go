@@ -36,6 +36,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/coroner-dev/coroner/test/harness"
 )
 
 // Image names, as containerd's CRI plugin sees them (fully qualified).
@@ -70,30 +72,11 @@ func Dir() (string, error) {
 	if d := os.Getenv("CORONER_IMAGES_DIR"); d != "" {
 		return d, nil
 	}
-	root, err := RepoRoot()
+	root, err := harness.RepoRoot()
 	if err != nil {
 		return "", err
 	}
 	return filepath.Join(root, "_output", "images"), nil
-}
-
-// RepoRoot walks up from the working directory to the repository root (the folder that
-// holds test/tools/build.sh).
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "test", "tools", "build.sh")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("cannot find the coroner repository root above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // ErrNoBusybox means busybox-static is not installed.
@@ -173,7 +156,7 @@ func resolveDir(dir string) (string, error) {
 // buildMemhog compiles test/images/memhog statically into dir/memhog and returns its path.
 // The go command's build cache makes this quick after the first time.
 func buildMemhog(ctx context.Context, dir string) (string, error) {
-	root, err := RepoRoot()
+	root, err := harness.RepoRoot()
 	if err != nil {
 		return "", err
 	}

@@ -26,13 +26,14 @@
 package lab
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/coroner-dev/coroner/test/harness"
 )
 
 // Fixed names and addresses of the lab. Only one lab runs on a machine at a time.
@@ -129,7 +130,7 @@ type Config struct {
 
 // DefaultConfig is the lab of the repository that holds the working directory.
 func DefaultConfig() (Config, error) {
-	root, err := RepoRoot()
+	root, err := harness.RepoRoot()
 	if err != nil {
 		return Config{}, err
 	}
@@ -171,25 +172,6 @@ func (c Config) logPath(name string) string {
 // APIServerURL is where the API server answers, from the host and from every node.
 func APIServerURL() string {
 	return "https://" + net.JoinHostPort(APIServerIP, fmt.Sprint(APIServerPort))
-}
-
-// RepoRoot walks up from the working directory to the repository root (the folder that
-// holds test/tools/build.sh).
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "test", "tools", "build.sh")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("cannot find the coroner repository root above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // shortPath shows a path relative to the repository root when it is inside it.
