@@ -42,7 +42,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -51,6 +50,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/images"
 )
 
@@ -90,7 +90,7 @@ type Env struct {
 	keep    bool
 	bins    binaries
 	mu      sync.Mutex
-	proc    *process
+	proc    *harness.Process
 	stopped bool
 }
 
@@ -252,7 +252,7 @@ oom_score = 0
 // new gRPC connection with a short reconnect backoff: with gRPC's default one (1 s) a
 // connection that dialled before containerd listened, or saw it die, waits a second.
 func (e *Env) start(ctx context.Context) error {
-	p, err := startProcess(e.Dir, "containerd", e.bins.containerd, "--config", filepath.Join(e.Dir, "config.toml"))
+	p, err := harness.StartProcess(e.Dir, "containerd", e.bins.containerd, "--config", filepath.Join(e.Dir, "config.toml"))
 	if err != nil {
 		return err
 	}
@@ -277,15 +277,15 @@ func (e *Env) start(ctx context.Context) error {
 	deadline := time.Now().Add(30 * time.Second)
 	var last error
 	for {
-		if done, werr := p.exited(); done {
-			return fmt.Errorf("containerd exited: %v\n%s", werr, p.logTail(4000))
+		if done, werr := p.Exited(); done {
+			return fmt.Errorf("containerd exited: %v\n%s", werr, p.LogTail(4000))
 		}
 		last = e.ready(ctx)
 		if last == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("containerd not ready within 30s: %v\n%s", last, p.logTail(4000))
+			return fmt.Errorf("containerd not ready within 30s: %v\n%s", last, p.LogTail(4000))
 		}
 		select {
 		case <-ctx.Done():
@@ -339,7 +339,7 @@ func (e *Env) Kill() {
 	p := e.proc
 	e.mu.Unlock()
 	if p != nil {
-		p.kill()
+		p.Kill()
 	}
 }
 
@@ -370,10 +370,10 @@ func (e *Env) PID() int {
 	if e.proc == nil {
 		return 0
 	}
-	if done, _ := e.proc.exited(); done {
+	if done, _ := e.proc.Exited(); done {
 		return 0
 	}
-	return e.proc.cmd.Process.Pid
+	return e.proc.PID()
 }
 
 // Stop removes every pod over CRI, stops containerd and removes everything it left: shims,
@@ -390,14 +390,14 @@ func (e *Env) Stop() {
 	e.mu.Unlock()
 
 	if p != nil && e.Runtime != nil {
-		if done, _ := p.exited(); !done {
+		if done, _ := p.Exited(); !done {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			e.removeAllPods(ctx)
 			cancel()
 		}
 	}
 	if p != nil {
-		p.stop(5 * time.Second)
+		p.Stop(5 * time.Second)
 	}
 	if e.conn != nil {
 		e.conn.Close()
@@ -424,7 +424,7 @@ func (e *Env) LogTail(n int) string {
 	if p == nil {
 		return ""
 	}
-	return p.logTail(n)
+	return p.LogTail(n)
 }
 
 var (
@@ -521,6 +521,3 @@ func sweep(base string) {
 		cleanup(dir, cg, false)
 	}
 }
-
-// signalGroup sends sig to a process group, ignoring errors.
-func signalGroup(pid int, sig syscall.Signal) { _ = syscall.Kill(-pid, sig) }

@@ -78,7 +78,7 @@ type Env struct {
 	ca     *CA
 	keep   bool
 	mu     sync.Mutex
-	procs  []*process // in start order; stopped in reverse
+	procs  []*Process // in start order; stopped in reverse
 }
 
 // Start launches etcd and kube-apiserver and waits until the API server is ready. On error
@@ -228,7 +228,7 @@ func (e *Env) writePKI() (pkiFiles, error) {
 }
 
 // waitReady polls /readyz until it answers ok, then reads the server version.
-func (e *Env) waitReady(p *process, timeout time.Duration) error {
+func (e *Env) waitReady(p *Process, timeout time.Duration) error {
 	client, err := kubernetes.NewForConfig(e.Config)
 	if err != nil {
 		return err
@@ -236,8 +236,8 @@ func (e *Env) waitReady(p *process, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var lastErr error
 	for time.Now().Before(deadline) {
-		if done, werr := p.exited(); done {
-			return fmt.Errorf("kube-apiserver exited during start-up: %v\n%s", werr, p.logTail(6000))
+		if done, werr := p.Exited(); done {
+			return fmt.Errorf("kube-apiserver exited during start-up: %v\n%s", werr, p.LogTail(6000))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
@@ -253,20 +253,20 @@ func (e *Env) waitReady(p *process, timeout time.Duration) error {
 		lastErr = err
 		time.Sleep(100 * time.Millisecond)
 	}
-	return fmt.Errorf("kube-apiserver not ready within %v (last error: %v)\n%s", timeout, lastErr, p.logTail(6000))
+	return fmt.Errorf("kube-apiserver not ready within %v (last error: %v)\n%s", timeout, lastErr, p.LogTail(6000))
 }
 
 // portErr marks a start-up failure caused by a port another program took meanwhile.
-func portErr(err error, p *process) error {
-	if strings.Contains(p.logTail(20000), "address already in use") {
+func portErr(err error, p *Process) error {
+	if strings.Contains(p.LogTail(20000), "address already in use") {
 		return fmt.Errorf("%w: %v", errPortTaken, err)
 	}
 	return err
 }
 
-func (e *Env) startProcess(name string, args ...string) (*process, error) {
+func (e *Env) startProcess(name string, args ...string) (*Process, error) {
 	bin := filepath.Join(e.binDir, name)
-	p, err := startProcess(e.Dir, name, bin, args...)
+	p, err := StartProcess(e.Dir, name, bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -284,7 +284,7 @@ func (e *Env) Stop() {
 	e.procs = nil
 	e.mu.Unlock()
 	for i := len(procs) - 1; i >= 0; i-- {
-		procs[i].stop(10 * time.Second)
+		procs[i].Stop(10 * time.Second)
 	}
 	if !e.keep && e.Dir != "" {
 		os.RemoveAll(e.Dir)
@@ -297,7 +297,7 @@ func (e *Env) PIDs() []int {
 	defer e.mu.Unlock()
 	var pids []int
 	for _, p := range e.procs {
-		pids = append(pids, p.cmd.Process.Pid)
+		pids = append(pids, p.PID())
 	}
 	return pids
 }

@@ -43,7 +43,7 @@ func (e *Env) StartControllerManager(controllers ...string) (stop func(), err er
 		return nil, err
 	}
 	return func() {
-		p.stop(10 * time.Second)
+		p.Stop(10 * time.Second)
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		for i, q := range e.procs {

@@ -13,8 +13,9 @@ import (
 	"time"
 )
 
-// process is one binary the harness started, with its output in a log file.
-type process struct {
+// Process is a binary a test environment started (etcd, kube-apiserver, containerd...),
+// with its output appended to a log file.
+type Process struct {
 	name    string
 	cmd     *exec.Cmd
 	logPath string
@@ -22,12 +23,13 @@ type process struct {
 	waitErr error
 }
 
-// startProcess runs bin with args, its stdout and stderr going to dir/name.log. The child
-// gets SIGKILL if the test binary dies first (Pdeathsig), so a test killed by a timeout
-// or a panic leaves no etcd or kube-apiserver behind.
-func startProcess(dir, name, bin string, args ...string) (*process, error) {
+// StartProcess runs bin with args, appending its stdout and stderr to dir/name.log (a
+// restart appends to the same log). The child runs in its own process group and gets
+// SIGKILL if the test binary dies first (Pdeathsig), so a test killed by a timeout or a
+// panic leaves nothing behind.
+func StartProcess(dir, name, bin string, args ...string) (*Process, error) {
 	logPath := filepath.Join(dir, name+".log")
-	logFile, err := os.Create(logPath)
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -39,7 +41,7 @@ func startProcess(dir, name, bin string, args ...string) (*process, error) {
 		logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	p := &Process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
 	go func() {
 		p.waitErr = cmd.Wait()
 		logFile.Close()
@@ -48,8 +50,11 @@ func startProcess(dir, name, bin string, args ...string) (*process, error) {
 	return p, nil
 }
 
-// exited reports whether the process has ended, and how.
-func (p *process) exited() (bool, error) {
+// PID is the process ID.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Exited reports whether the process has ended, and how.
+func (p *Process) Exited() (bool, error) {
 	select {
 	case <-p.done:
 		return true, p.waitErr
@@ -58,10 +63,19 @@ func (p *process) exited() (bool, error) {
 	}
 }
 
-// stop sends SIGTERM to the process group, waits up to grace, then SIGKILLs it. It waits
+// Kill sends SIGKILL to the process alone (not its group) and waits until it is gone.
+func (p *Process) Kill() {
+	if done, _ := p.Exited(); done {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// Stop sends SIGTERM to the process group, waits up to grace, then SIGKILLs it. It waits
 // until the process is gone.
-func (p *process) stop(grace time.Duration) {
-	if done, _ := p.exited(); done {
+func (p *Process) Stop(grace time.Duration) {
+	if done, _ := p.Exited(); done {
 		return
 	}
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
@@ -73,8 +87,8 @@ func (p *process) stop(grace time.Duration) {
 	}
 }
 
-// logTail returns the last n bytes of the process log, for error messages.
-func (p *process) logTail(n int) string {
+// LogTail returns the last n bytes of the process log, for error messages.
+func (p *Process) LogTail(n int) string {
 	b, err := os.ReadFile(p.logPath)
 	if err != nil {
 		return fmt.Sprintf("(no log: %v)", err)
@@ -113,11 +127,11 @@ func freePorts(n int) ([]int, error) {
 
 // waitTCP waits until something accepts connections on addr, the process exits, or the
 // timeout passes.
-func waitTCP(p *process, addr string, timeout time.Duration) error {
+func waitTCP(p *Process, addr string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		if done, err := p.exited(); done {
-			return fmt.Errorf("%s exited before listening on %s: %v\n%s", p.name, addr, err, p.logTail(4000))
+		if done, err := p.Exited(); done {
+			return fmt.Errorf("%s exited before listening on %s: %v\n%s", p.name, addr, err, p.LogTail(4000))
 		}
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err == nil {
@@ -125,7 +139,7 @@ func waitTCP(p *process, addr string, timeout time.Duration) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not listen on %s within %v\n%s", p.name, addr, timeout, p.logTail(4000))
+			return fmt.Errorf("%s did not listen on %s within %v\n%s", p.name, addr, timeout, p.LogTail(4000))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
