@@ -51,6 +51,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/coroner-dev/coroner/test/harness"
+	"github.com/coroner-dev/coroner/test/host"
 	"github.com/coroner-dev/coroner/test/images"
 )
 
@@ -158,7 +159,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 			e.Stop()
 		}
 	}()
-	if err := createCgroup(e.CgroupName); err != nil {
+	if err := host.CreateCgroup(e.CgroupName); err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(e.config()), 0o644); err != nil {
@@ -210,12 +211,38 @@ func findBinaries() (binaries, error) {
 	return b, nil
 }
 
-// config is containerd's config.toml (version 2, containerd 1.6).
+// config is containerd's config.toml for this Env.
 func (e *Env) config() string {
+	return ConfigTOML(ConfigDirs{
+		Root:     filepath.Join(e.Dir, "root"),
+		State:    filepath.Join(e.Dir, "state"),
+		Socket:   e.Socket,
+		Opt:      filepath.Join(e.Dir, "opt"),
+		RuncRoot: filepath.Join(e.Dir, "runc"),
+		CNIConf:  filepath.Join(e.Dir, "cni"),
+	})
+}
+
+// ConfigDirs are the paths of one containerd instance.
+type ConfigDirs struct {
+	Root, State, Socket, Opt string
+	// RuncRoot is runc's state directory; without it runc uses /run/containerd/runc/k8s.io
+	// whatever State says, and two containerds would share it.
+	RuncRoot string
+	// CNIConf is the CNI configuration directory (plugins from /usr/lib/cni).
+	CNIConf string
+}
+
+// ConfigTOML is a containerd 1.6 config.toml (version 2) that works on these machines
+// (lab-notes.md): restrict_oom_score_adj (no CAP_SYS_RESOURCE), overlayfs, runc v2 with
+// cgroupfs, the local pause image, and the snapshotters this host cannot run disabled.
+// test/containerd and the lab's nodes use it.
+func ConfigTOML(d ConfigDirs) string {
 	return fmt.Sprintf(`version = 2
 root = %[1]q
 state = %[2]q
 oom_score = 0
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
 
 [grpc]
   address = %[3]q
@@ -240,12 +267,12 @@ oom_score = 0
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-        Root = %[7]q
+        Root = %[6]q
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = %[6]q
-`, filepath.Join(e.Dir, "root"), filepath.Join(e.Dir, "state"), e.Socket,
-		filepath.Join(e.Dir, "opt"), images.PauseName, filepath.Join(e.Dir, "cni"), filepath.Join(e.Dir, "runc"))
+    conf_dir = %[7]q
+    max_conf_num = 1
+`, d.Root, d.State, d.Socket, d.Opt, images.PauseName, d.RuncRoot, d.CNIConf)
 }
 
 // start runs containerd and waits until CRI says the runtime is ready. Every start gets a

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/coroner-dev/coroner/test/host"
 )
 
 func TestMain(m *testing.M) { os.Exit(Main(m)) }
@@ -111,7 +113,7 @@ func TestRestartKeepsContainers(t *testing.T) {
 	}
 	e.Kill()
 	// The container is still running; make it exit while containerd is down.
-	pids := cgroupPIDs(e.CgroupName)
+	pids := host.CgroupPIDs(e.CgroupName)
 	if len(pids) == 0 {
 		t.Fatal("no container processes while containerd is down")
 	}
@@ -165,10 +167,10 @@ func TestStopLeavesNothing(t *testing.T) {
 	if p := processesUsing(e.Dir); len(p) > 0 {
 		t.Errorf("processes left: %v", p)
 	}
-	if p := cgroupPIDs(e.CgroupName); len(p) > 0 {
+	if p := host.CgroupPIDs(e.CgroupName); len(p) > 0 {
 		t.Errorf("container processes left: %v", p)
 	}
-	if d := cgroupDirs(e.CgroupName); len(d) > 0 {
+	if d := host.CgroupDirs(e.CgroupName); len(d) > 0 {
 		t.Errorf("cgroups left: %v", d)
 	}
 	if _, err := os.Stat(e.Dir); !os.IsNotExist(err) {

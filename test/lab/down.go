@@ -15,6 +15,8 @@ import (
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/coroner-dev/coroner/test/host"
 )
 
 // Down stops everything the lab started and removes what it created: processes (from the
@@ -195,7 +197,7 @@ func (c Config) sweep(st *State, say func(string, ...any), problem func(string, 
 	cgroups := c.cgroupNames(st)
 	var labPIDs []int
 	for _, cg := range cgroups {
-		labPIDs = append(labPIDs, cgroupPIDs(cg)...)
+		labPIDs = append(labPIDs, host.CgroupPIDs(cg)...)
 	}
 	podNetns := netnsFilesOf(labPIDs)
 
@@ -203,7 +205,7 @@ func (c Config) sweep(st *State, say func(string, ...any), problem func(string, 
 	for range 3 {
 		pids := processesUsing(dirs...)
 		for _, cg := range cgroups {
-			pids = append(pids, cgroupPIDs(cg)...)
+			pids = append(pids, host.CgroupPIDs(cg)...)
 		}
 		if len(pids) == 0 {
 			break
@@ -211,8 +213,8 @@ func (c Config) sweep(st *State, say func(string, ...any), problem func(string, 
 		for _, pid := range pids {
 			say("killing %s (pid %d)", commandName(pid), pid)
 		}
-		killAll(pids)
-		waitGone(pids, 5*time.Second)
+		host.KillAll(pids)
+		host.WaitGone(pids, 5*time.Second)
 	}
 	for _, p := range podNetns {
 		say("removing pod network namespace %s", p)
@@ -242,11 +244,11 @@ func (c Config) sweep(st *State, say func(string, ...any), problem func(string, 
 		}
 	}
 	for _, cg := range cgroups {
-		if left := removeCgroup(cg); len(left) > 0 {
+		if left := host.RemoveCgroup(cg); len(left) > 0 {
 			problem("cgroups not removed: %s", strings.Join(left, ", "))
 		}
 	}
-	if left := removeCgroup(CgroupParent); len(left) > 0 {
+	if left := host.RemoveCgroup(CgroupParent); len(left) > 0 {
 		problem("cgroups not removed: %s", strings.Join(left, ", "))
 	}
 	for _, m := range st.SharedMounts {
@@ -392,7 +394,7 @@ func (c Config) anythingLeft() bool {
 		return true
 	}
 	for _, n := range c.Nodes {
-		if len(cgroupDirs(n.Cgroup())) > 0 {
+		if len(host.CgroupDirs(n.Cgroup())) > 0 {
 			return true
 		}
 	}

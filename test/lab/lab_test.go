@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/coroner-dev/coroner/test/host"
 	"github.com/coroner-dev/coroner/test/images"
 )
 
@@ -160,7 +161,7 @@ func TestLab(t *testing.T) {
 	t.Logf("up %v (cold or warm, see the build step), down %v", upTime.Round(100*time.Millisecond), downTime.Round(100*time.Millisecond))
 
 	for _, p := range st.Processes {
-		if alive(p.PID) && p.running() {
+		if host.Alive(p.PID) && p.running() {
 			t.Errorf("%s (pid %d) still runs", p.Name, p.PID)
 		}
 	}
@@ -168,11 +169,11 @@ func TestLab(t *testing.T) {
 		t.Errorf("processes still use the lab's directories: %v", pids)
 	}
 	for _, n := range cfg.Nodes {
-		if pids := cgroupPIDs(n.Cgroup()); len(pids) > 0 {
+		if pids := host.CgroupPIDs(n.Cgroup()); len(pids) > 0 {
 			t.Errorf("processes left in cgroup %s: %v", n.Cgroup(), pids)
 		}
 	}
-	if dirs := cgroupDirs(CgroupParent); len(dirs) > 0 {
+	if dirs := host.CgroupDirs(CgroupParent); len(dirs) > 0 {
 		t.Errorf("cgroups left: %v", dirs)
 	}
 	if left := labNetns(); len(left) > 0 {

@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/coroner-dev/coroner/test/containerd"
+	"github.com/coroner-dev/coroner/test/host"
 	"github.com/coroner-dev/coroner/test/images"
 )
 
@@ -29,7 +31,7 @@ func (c Config) prepareNode(st *State, n Node, p *pki) error {
 	if err := st.addCgroup(n.Cgroup()); err != nil {
 		return err
 	}
-	if err := createCgroup(n.Cgroup()); err != nil {
+	if err := host.CreateCgroup(n.Cgroup()); err != nil {
 		return fmt.Errorf("cgroup %s: %w", n.Cgroup(), err)
 	}
 	files := map[string]string{
@@ -45,48 +47,18 @@ func (c Config) prepareNode(st *State, n Node, p *pki) error {
 	return nil
 }
 
-// containerdConfig is the node's containerd config.toml (version 2, containerd 1.6), as
-// lab-notes.md and test/containerd say works on these machines: restrict_oom_score_adj
-// (no CAP_SYS_RESOURCE), overlayfs, runc v2 with cgroupfs, the lab's pause image, CNI from
-// /usr/lib/cni with the node's own config directory.
+// containerdConfig is the node's containerd config.toml (test/containerd's, with the
+// node's own directories and CNI configuration).
 func (c Config) containerdConfig(n Node) string {
 	dir, run := c.nodeDir(n), c.nodeRunDir(n)
-	return fmt.Sprintf(`version = 2
-root = %[1]q
-state = %[2]q
-oom_score = 0
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-
-[grpc]
-  address = %[3]q
-
-[debug]
-  level = "info"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = %[4]q
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %[5]q
-  restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  enable_selinux = false
-  disable_apparmor = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        Root = %[6]q
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = %[7]q
-    max_conf_num = 1
-`, filepath.Join(dir, "containerd"), filepath.Join(run, "state"), n.Socket(),
-		filepath.Join(dir, "opt"), images.PauseName, filepath.Join(run, "runc"), filepath.Join(dir, "cni"))
+	return containerd.ConfigTOML(containerd.ConfigDirs{
+		Root:     filepath.Join(dir, "containerd"),
+		State:    filepath.Join(run, "state"),
+		Socket:   n.Socket(),
+		Opt:      filepath.Join(dir, "opt"),
+		RuncRoot: filepath.Join(run, "runc"),
+		CNIConf:  filepath.Join(dir, "cni"),
+	})
 }
 
 // cniConfig is the node's CNI network: a bridge cni0 in the node's network namespace with

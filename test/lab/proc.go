@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/coroner-dev/coroner/test/host"
 )
 
 // startDaemon starts bin as a daemon of the lab: in a session of its own (so it outlives
@@ -117,12 +119,6 @@ func procStat(pid int) ([]string, error) {
 	return f, nil
 }
 
-// alive reports whether pid runs (exists and is not a zombie).
-func alive(pid int) bool {
-	f, err := procStat(pid)
-	return err == nil && f[0] != "Z"
-}
-
 // running reports whether the recorded process still runs: same PID, same start time.
 func (p Proc) running() bool {
 	f, err := procStat(p.PID)
@@ -138,34 +134,14 @@ func (p Proc) stop(grace time.Duration) {
 	}
 	_ = syscall.Kill(-p.PID, syscall.SIGTERM)
 	_ = syscall.Kill(p.PID, syscall.SIGTERM)
-	if waitGone([]int{p.PID}, grace) {
+	if host.WaitGone([]int{p.PID}, grace) {
 		return
 	}
 	if p.running() {
 		_ = syscall.Kill(-p.PID, syscall.SIGKILL)
 		_ = syscall.Kill(p.PID, syscall.SIGKILL)
 	}
-	waitGone([]int{p.PID}, 5*time.Second)
-}
-
-// waitGone waits until every pid has exited; false if some still run after timeout.
-func waitGone(pids []int, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for _, pid := range pids {
-		for alive(pid) {
-			if time.Now().After(deadline) {
-				return false
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	return true
-}
-
-func killAll(pids []int) {
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
+	host.WaitGone([]int{p.PID}, 5*time.Second)
 }
 
 // labPrograms are the programs the lab runs outside containers.
@@ -186,7 +162,7 @@ func processesUsing(dirs ...string) []int {
 	var pids []int
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == self || !alive(pid) {
+		if err != nil || pid == self || !host.Alive(pid) {
 			continue
 		}
 		exe, err := os.Readlink("/proc/" + e.Name() + "/exe")

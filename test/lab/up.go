@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coroner-dev/coroner/test/host"
 	"github.com/coroner-dev/coroner/test/images"
 )
 
@@ -307,7 +308,7 @@ func (c Config) preflight(say func(string, ...any)) error {
 			return err
 		}
 	}
-	mounts, err := cgroupMounts()
+	mounts, err := host.CgroupMounts()
 	if err != nil || len(mounts) == 0 {
 		return fmt.Errorf("no cgroup hierarchy mounted (%v)", err)
 	}
