@@ -2,10 +2,7 @@ package conditions
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"strconv"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -13,37 +10,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/coroner-dev/coroner/conditions/conditionstest"
 )
 
-// fakePods is a PodPatcher that stores pods and plays the API server's part
-// that matters here: it applies strategic merge patches with the real
-// strategicpatch code and JSON merge patches to metadata.annotations, checks
-// the metadata.resourceVersion and metadata.uid preconditions (409 Conflict on
-// mismatch), bumps the resourceVersion on every write, and answers 404 for
-// pods it does not have. It counts calls, records patches, and can inject
-// errors.
-type fakePods struct {
-	pods map[string]*corev1.Pod
-	rv   int
+// The fake API server of these tests (shared with the agent's stamper tests).
+type fakePods = conditionstest.FakePods
 
-	gets    int
-	patches []recordedPatch
-
-	// patchErrs are returned by the next patches, in order, before the patch
-	// is looked at; a nil entry lets that patch through.
-	patchErrs []error
-	// getErr is returned by every GET when set.
-	getErr error
-	// beforePatch runs at the start of every patch (after patchErrs), for
-	// example to play the kubelet writing between coroner's read and write.
-	beforePatch func(f *fakePods)
-}
-
+// recordedPatch is a patch as these tests spell them.
 type recordedPatch struct {
 	namespace, name string
 	patchType       types.PatchType
@@ -51,125 +28,18 @@ type recordedPatch struct {
 	subresources    []string
 }
 
-func newFakePods(pods ...*corev1.Pod) *fakePods {
-	f := &fakePods{pods: map[string]*corev1.Pod{}, rv: 100}
-	for _, p := range pods {
-		f.pods[p.Namespace+"/"+p.Name] = p.DeepCopy()
+func patchesOf(f *fakePods) []recordedPatch {
+	var out []recordedPatch
+	for _, p := range f.Patches {
+		out = append(out, recordedPatch{p.Namespace, p.Name, p.Type, p.Body, p.Subresources})
 	}
-	return f
+	return out
 }
 
-var podsResource = schema.GroupResource{Resource: "pods"}
-
-func (f *fakePods) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
-	f.gets++
-	if f.getErr != nil {
-		return nil, f.getErr
-	}
-	p, ok := f.pods[namespace+"/"+name]
-	if !ok {
-		return nil, apierrors.NewNotFound(podsResource, name)
-	}
-	return p.DeepCopy(), nil
-}
-
-func (f *fakePods) PatchPod(_ context.Context, namespace, name string, pt types.PatchType, data []byte, subresources ...string) (*corev1.Pod, error) {
-	f.patches = append(f.patches, recordedPatch{namespace, name, pt, string(data), subresources})
-	if len(f.patchErrs) > 0 {
-		err := f.patchErrs[0]
-		f.patchErrs = f.patchErrs[1:]
-		if err != nil {
-			return nil, err
-		}
-	}
-	if f.beforePatch != nil {
-		f.beforePatch(f)
-	}
-	key := namespace + "/" + name
-	cur, ok := f.pods[key]
-	if !ok {
-		return nil, apierrors.NewNotFound(podsResource, name)
-	}
-	var pre struct {
-		Metadata struct {
-			ResourceVersion string    `json:"resourceVersion"`
-			UID             types.UID `json:"uid"`
-		} `json:"metadata"`
-	}
-	if err := json.Unmarshal(data, &pre); err != nil {
-		return nil, apierrors.NewBadRequest(err.Error())
-	}
-	if pre.Metadata.ResourceVersion != "" && pre.Metadata.ResourceVersion != cur.ResourceVersion {
-		return nil, apierrors.NewConflict(podsResource, name, errors.New("the object has been modified"))
-	}
-	if pre.Metadata.UID != "" && pre.Metadata.UID != cur.UID {
-		return nil, apierrors.NewConflict(podsResource, name, errors.New("uid mismatch"))
-	}
-	orig, err := json.Marshal(cur)
-	if err != nil {
-		return nil, err
-	}
-	var patched []byte
-	switch pt {
-	case types.StrategicMergePatchType:
-		patched, err = strategicpatch.StrategicMergePatch(orig, data, corev1.Pod{})
-	case types.MergePatchType:
-		patched, err = mergePatch(orig, data)
-	default:
-		err = fmt.Errorf("unsupported patch type %q", pt)
-	}
-	if err != nil {
-		return nil, apierrors.NewBadRequest(err.Error())
-	}
-	next := &corev1.Pod{}
-	if err := json.Unmarshal(patched, next); err != nil {
-		return nil, apierrors.NewBadRequest(err.Error())
-	}
-	f.store(next)
-	return next.DeepCopy(), nil
-}
-
-// store writes p as the new version of the pod, with a new resourceVersion.
-func (f *fakePods) store(p *corev1.Pod) {
-	f.rv++
-	p.ResourceVersion = strconv.Itoa(f.rv)
-	f.pods[p.Namespace+"/"+p.Name] = p
-}
-
-func (f *fakePods) pod(namespace, name string) *corev1.Pod {
-	return f.pods[namespace+"/"+name]
-}
-
-// mergePatch is RFC 7386 JSON merge patch, enough for the fake.
-func mergePatch(orig, patch []byte) ([]byte, error) {
-	var o, p any
-	if err := json.Unmarshal(orig, &o); err != nil {
-		return nil, err
-	}
-	if err := json.Unmarshal(patch, &p); err != nil {
-		return nil, err
-	}
-	return json.Marshal(mergeValue(o, p))
-}
-
-func mergeValue(orig, patch any) any {
-	pm, ok := patch.(map[string]any)
-	if !ok {
-		return patch
-	}
-	om, ok := orig.(map[string]any)
-	if !ok {
-		om = map[string]any{}
-	}
-	for k, v := range pm {
-		if v == nil {
-			delete(om, k)
-			continue
-		}
-		om[k] = mergeValue(om[k], v)
-	}
-	return om
-}
+var (
+	newFakePods  = conditionstest.NewFakePods
+	podsResource = conditionstest.PodsResource
+)
 
 const (
 	ns  = "team-a"
@@ -301,7 +171,7 @@ func TestWriters(t *testing.T) {
 			// The kubelet changed the pod since the caller's informer saw it.
 			stored:      withPhase(runningPod(), corev1.PodRunning),
 			given:       runningPod(),
-			setup:       func(f *fakePods) { f.store(f.pod(ns, pod).DeepCopy()) }, // resourceVersion 10 -> 101
+			setup:       func(f *fakePods) { f.Store(f.Pod(ns, pod).DeepCopy()) }, // resourceVersion 10 -> 101
 			call:        ensureCondition(oomCondition),
 			wantChanged: true,
 			wantGets:    1,
@@ -318,7 +188,7 @@ func TestWriters(t *testing.T) {
 		{
 			name:        "injected conflict on the first patch: GET then a second patch",
 			stored:      runningPod(),
-			setup:       func(f *fakePods) { f.patchErrs = []error{conflict} },
+			setup:       func(f *fakePods) { f.PatchErrs = []error{conflict} },
 			call:        ensureCondition(oomCondition),
 			wantChanged: true,
 			wantGets:    1,
@@ -331,7 +201,7 @@ func TestWriters(t *testing.T) {
 			name:   "conflict, and the fresh pod already has the condition: no second patch",
 			stored: runningPod(),
 			setup: func(f *fakePods) {
-				f.store(withCondition(f.pod(ns, pod).DeepCopy(), oomCondition))
+				f.Store(withCondition(f.Pod(ns, pod).DeepCopy(), oomCondition))
 			},
 			call:        ensureCondition(oomCondition),
 			wantChanged: false,
@@ -344,7 +214,7 @@ func TestWriters(t *testing.T) {
 			name:   "conflicts every time: bounded, the Conflict is returned",
 			stored: runningPod(),
 			setup: func(f *fakePods) {
-				f.patchErrs = []error{conflict, conflict, conflict, conflict, conflict, conflict, conflict}
+				f.PatchErrs = []error{conflict, conflict, conflict, conflict, conflict, conflict, conflict}
 			},
 			call:        ensureCondition(oomCondition),
 			wantErr:     apierrors.IsConflict,
@@ -363,8 +233,8 @@ func TestWriters(t *testing.T) {
 			name:   "pod deleted after a conflict: GET answers 404, ErrPodGone",
 			stored: runningPod(),
 			setup: func(f *fakePods) {
-				f.patchErrs = []error{conflict}
-				delete(f.pods, ns+"/"+pod)
+				f.PatchErrs = []error{conflict}
+				f.Delete(ns, pod)
 			},
 			call:        ensureCondition(oomCondition),
 			wantErr:     isGoneAndNotFound,
@@ -388,7 +258,7 @@ func TestWriters(t *testing.T) {
 			name:   "other errors are returned without retry",
 			stored: runningPod(),
 			setup: func(f *fakePods) {
-				f.patchErrs = []error{apierrors.NewForbidden(podsResource, pod, errors.New("VAP: not your node"))}
+				f.PatchErrs = []error{apierrors.NewForbidden(podsResource, pod, errors.New("VAP: not your node"))}
 			},
 			call:        ensureCondition(oomCondition),
 			wantErr:     apierrors.IsForbidden,
@@ -398,8 +268,8 @@ func TestWriters(t *testing.T) {
 			name:   "GET errors other than 404 are returned",
 			stored: runningPod(),
 			setup: func(f *fakePods) {
-				f.patchErrs = []error{conflict}
-				f.getErr = apierrors.NewServiceUnavailable("etcd")
+				f.PatchErrs = []error{conflict}
+				f.GetErr = apierrors.NewServiceUnavailable("etcd")
 			},
 			call:        ensureCondition(oomCondition),
 			wantErr:     apierrors.IsServiceUnavailable,
@@ -475,9 +345,9 @@ func TestWriters(t *testing.T) {
 			name:   "phase: the kubelet writes Succeeded between our read and write, the kubelet wins",
 			stored: runningPod(),
 			setup: func(f *fakePods) {
-				f.beforePatch = func(f *fakePods) {
-					if f.pod(ns, pod).Status.Phase == corev1.PodRunning {
-						f.store(withPhase(f.pod(ns, pod).DeepCopy(), corev1.PodSucceeded))
+				f.BeforePatch = func(f *fakePods) {
+					if f.Pod(ns, pod).Status.Phase == corev1.PodRunning {
+						f.Store(withPhase(f.Pod(ns, pod).DeepCopy(), corev1.PodSucceeded))
 					}
 				}
 			},
@@ -523,7 +393,7 @@ func TestWriters(t *testing.T) {
 		{
 			name:        "changed annotation value after a conflict",
 			stored:      runningPod(),
-			setup:       func(f *fakePods) { f.store(f.pod(ns, pod).DeepCopy()) },
+			setup:       func(f *fakePods) { f.Store(f.Pod(ns, pod).DeepCopy()) },
 			call:        ensureAnnotation("owner", "coroner"),
 			wantChanged: true,
 			wantGets:    1,
@@ -569,17 +439,17 @@ func TestWriters(t *testing.T) {
 			if changed != tc.wantChanged {
 				t.Errorf("changed = %v, want %v", changed, tc.wantChanged)
 			}
-			if f.gets != tc.wantGets {
-				t.Errorf("GET calls = %d, want %d", f.gets, tc.wantGets)
+			if f.Gets != tc.wantGets {
+				t.Errorf("GET calls = %d, want %d", f.Gets, tc.wantGets)
 			}
-			if diff := cmp.Diff(tc.wantPatches, f.patches, cmp.AllowUnexported(recordedPatch{})); diff != "" {
+			if diff := cmp.Diff(tc.wantPatches, patchesOf(f), cmp.AllowUnexported(recordedPatch{})); diff != "" {
 				t.Errorf("patches (-want +got):\n%s", diff)
 			}
 			if diff := cmp.Diff(givenBefore, given); diff != "" {
 				t.Errorf("the caller's pod was modified (-before +after):\n%s", diff)
 			}
 			if tc.check != nil {
-				tc.check(t, f.pod(ns, pod))
+				tc.check(t, f.Pod(ns, pod))
 			}
 		})
 	}
@@ -614,8 +484,8 @@ func TestWritersRejectBadArguments(t *testing.T) {
 	if _, err := EnsurePodCondition(ctx, f, nil, oomCondition, fixedNow); err == nil {
 		t.Error("EnsurePodCondition with a nil pod: no error")
 	}
-	if f.gets != 0 || len(f.patches) != 0 {
-		t.Errorf("API calls on bad arguments: %d GETs, %d patches", f.gets, len(f.patches))
+	if f.Gets != 0 || len(f.Patches) != 0 {
+		t.Errorf("API calls on bad arguments: %d GETs, %d patches", f.Gets, len(f.Patches))
 	}
 }
 

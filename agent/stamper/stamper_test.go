@@ -2,10 +2,6 @@ package stamper
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,9 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
@@ -26,146 +20,13 @@ import (
 	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/agent/metrics"
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/conditions/conditionstest"
 )
 
-// fakePods is a conditions.PodPatcher over pods in memory, like the API server: it
-// applies strategic merge patches and JSON merge patches, checks the resourceVersion and
-// uid preconditions (409 on mismatch), bumps the resourceVersion on every write, answers
-// 404 for pods it does not have, records patches and can inject errors. Safe for
-// concurrent use.
-type fakePods struct {
-	mu        sync.Mutex
-	pods      map[string]*corev1.Pod
-	rv        int
-	patches   []string // "subresource:body"
-	patchErrs []error
-}
+// fakePods is the shared fake API server for pod writes.
+type fakePods = conditionstest.FakePods
 
-var podsResource = schema.GroupResource{Resource: "pods"}
-
-func newFakePods(pods ...*corev1.Pod) *fakePods {
-	f := &fakePods{pods: map[string]*corev1.Pod{}, rv: 100}
-	for _, p := range pods {
-		f.pods[p.Namespace+"/"+p.Name] = p.DeepCopy()
-	}
-	return f
-}
-
-func (f *fakePods) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	p, ok := f.pods[namespace+"/"+name]
-	if !ok {
-		return nil, apierrors.NewNotFound(podsResource, name)
-	}
-	return p.DeepCopy(), nil
-}
-
-func (f *fakePods) PatchPod(_ context.Context, namespace, name string, pt types.PatchType, data []byte, subresources ...string) (*corev1.Pod, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.patches = append(f.patches, strings.Join(subresources, "/")+":"+string(data))
-	if len(f.patchErrs) > 0 {
-		err := f.patchErrs[0]
-		f.patchErrs = f.patchErrs[1:]
-		if err != nil {
-			return nil, err
-		}
-	}
-	cur, ok := f.pods[namespace+"/"+name]
-	if !ok {
-		return nil, apierrors.NewNotFound(podsResource, name)
-	}
-	var pre struct {
-		Metadata struct {
-			ResourceVersion string    `json:"resourceVersion"`
-			UID             types.UID `json:"uid"`
-		} `json:"metadata"`
-	}
-	if err := json.Unmarshal(data, &pre); err != nil {
-		return nil, apierrors.NewBadRequest(err.Error())
-	}
-	if pre.Metadata.ResourceVersion != "" && pre.Metadata.ResourceVersion != cur.ResourceVersion ||
-		pre.Metadata.UID != "" && pre.Metadata.UID != cur.UID {
-		return nil, apierrors.NewConflict(podsResource, name, errors.New("the object has been modified"))
-	}
-	orig, err := json.Marshal(cur)
-	if err != nil {
-		return nil, err
-	}
-	var patched []byte
-	switch pt {
-	case types.StrategicMergePatchType:
-		patched, err = strategicpatch.StrategicMergePatch(orig, data, corev1.Pod{})
-	case types.MergePatchType:
-		patched, err = mergePatch(orig, data)
-	default:
-		err = fmt.Errorf("unsupported patch type %q", pt)
-	}
-	if err != nil {
-		return nil, apierrors.NewBadRequest(err.Error())
-	}
-	next := &corev1.Pod{}
-	if err := json.Unmarshal(patched, next); err != nil {
-		return nil, apierrors.NewBadRequest(err.Error())
-	}
-	f.rv++
-	next.ResourceVersion = strconv.Itoa(f.rv)
-	f.pods[namespace+"/"+name] = next
-	return next.DeepCopy(), nil
-}
-
-func (f *fakePods) pod(namespace, name string) *corev1.Pod {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if p := f.pods[namespace+"/"+name]; p != nil {
-		return p.DeepCopy()
-	}
-	return nil
-}
-
-func (f *fakePods) patchCount() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.patches)
-}
-
-func (f *fakePods) setPatchErrs(errs ...error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.patchErrs = errs
-}
-
-// mergePatch is RFC 7386 JSON merge patch, enough for the fake.
-func mergePatch(orig, patch []byte) ([]byte, error) {
-	var o, p any
-	if err := json.Unmarshal(orig, &o); err != nil {
-		return nil, err
-	}
-	if err := json.Unmarshal(patch, &p); err != nil {
-		return nil, err
-	}
-	return json.Marshal(mergeValue(o, p))
-}
-
-func mergeValue(orig, patch any) any {
-	pm, ok := patch.(map[string]any)
-	if !ok {
-		return patch
-	}
-	om, ok := orig.(map[string]any)
-	if !ok {
-		om = map[string]any{}
-	}
-	for k, v := range pm {
-		if v == nil {
-			delete(om, k)
-			continue
-		}
-		om[k] = mergeValue(om[k], v)
-	}
-	return om
-}
+var newFakePods = conditionstest.NewFakePods
 
 const (
 	ns      = "team-a"
@@ -230,7 +91,7 @@ func newEnv(t *testing.T, pods ...*corev1.Pod) *env {
 			if l != nil {
 				return l()
 			}
-			p := e.pods.pod(ns, podName)
+			p := e.pods.Pod(ns, podName)
 			if p == nil || p.UID != uid {
 				return nil
 			}
@@ -275,15 +136,15 @@ func (e *env) step(d time.Duration) {
 func (e *env) waitPatches(n int) {
 	e.t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for e.pods.patchCount() < n {
+	for e.pods.PatchCount() < n {
 		if time.Now().After(deadline) {
-			e.t.Fatalf("%d patches, want %d: %q", e.pods.patchCount(), n, e.pods.patches)
+			e.t.Fatalf("%d patches, want %d: %q", e.pods.PatchCount(), n, e.pods.PatchSummaries())
 		}
 		time.Sleep(time.Millisecond)
 	}
 	time.Sleep(20 * time.Millisecond)
-	if got := e.pods.patchCount(); got != n {
-		e.t.Fatalf("%d patches, want %d: %q", got, n, e.pods.patches)
+	if got := e.pods.PatchCount(); got != n {
+		e.t.Fatalf("%d patches, want %d: %q", got, n, e.pods.PatchSummaries())
 	}
 }
 
@@ -310,13 +171,13 @@ func TestBatchOneWritePerPod(t *testing.T) {
 	// Nothing before the batch period is over.
 	e.step(DefaultBatchPeriod / 2)
 	time.Sleep(20 * time.Millisecond)
-	if n := e.pods.patchCount(); n != 0 {
+	if n := e.pods.PatchCount(); n != 0 {
 		t.Fatalf("%d patches before the batch period ended", n)
 	}
 	e.step(DefaultBatchPeriod / 2)
 	e.waitPatches(1)
 
-	got := e.pods.pod(ns, podName)
+	got := e.pods.Pod(ns, podName)
 	if got.Status.Phase != corev1.PodFailed {
 		t.Errorf("phase %q, want Failed", got.Status.Phase)
 	}
@@ -371,19 +232,19 @@ func TestBatchesAreSeparatedByThePeriod(t *testing.T) {
 	// A later stamp of the same pod waits a period of its own.
 	e.s.Add(Request{Pod: ref, Stamp: phase(corev1.PodSucceeded), EventTime: e.clk.Now()})
 	time.Sleep(20 * time.Millisecond)
-	if n := e.pods.patchCount(); n != 1 {
+	if n := e.pods.PatchCount(); n != 1 {
 		t.Fatalf("%d patches right after the second Add, want 1", n)
 	}
 	e.step(DefaultBatchPeriod)
 	e.waitPatches(2)
-	if p := e.pods.pod(ns, podName); p.Status.Phase != corev1.PodSucceeded {
+	if p := e.pods.Pod(ns, podName); p.Status.Phase != corev1.PodSucceeded {
 		t.Errorf("phase %q", p.Status.Phase)
 	}
 }
 
 func TestRetryAfterError(t *testing.T) {
 	e := newEnv(t, testPod())
-	e.pods.setPatchErrs(apierrors.NewServiceUnavailable("etcd is sad"), apierrors.NewTooManyRequests("slow down", 1))
+	e.pods.SetPatchErrs(apierrors.NewServiceUnavailable("etcd is sad"), apierrors.NewTooManyRequests("slow down", 1))
 	e.s.Add(Request{Pod: ref, Stamp: limitOOM("main"), EventTime: t0})
 	e.step(DefaultBatchPeriod)
 	e.waitPatches(1)
@@ -393,7 +254,7 @@ func TestRetryAfterError(t *testing.T) {
 	// Backoff: RetryBase, then twice that.
 	e.step(DefaultRetryBase - time.Millisecond)
 	time.Sleep(20 * time.Millisecond)
-	if n := e.pods.patchCount(); n != 1 {
+	if n := e.pods.PatchCount(); n != 1 {
 		t.Fatalf("retried before the backoff: %d patches", n)
 	}
 	e.step(time.Millisecond)
@@ -403,7 +264,7 @@ func TestRetryAfterError(t *testing.T) {
 	e.step(2 * DefaultRetryBase)
 	e.waitPatches(3)
 	e.waitIdle()
-	got := e.pods.pod(ns, podName)
+	got := e.pods.Pod(ns, podName)
 	if !conditions.IsTrue(&got.Status, conditions.OOMKilled) || got.Status.Phase != corev1.PodFailed {
 		t.Errorf("pod status after the retries: %+v", got.Status)
 	}
@@ -422,7 +283,7 @@ func TestPodGone(t *testing.T) {
 		e.s.Add(Request{Pod: ref, Stamp: limitOOM("main")})
 		e.step(DefaultBatchPeriod)
 		e.waitIdle()
-		if n := e.pods.patchCount(); n != 0 {
+		if n := e.pods.PatchCount(); n != 0 {
 			t.Errorf("%d patches for a pod that is gone", n)
 		}
 		if v := metrics.Value(e.m.DroppedEvents.WithLabelValues(metrics.DroppedPodGone)); v != 1 {
@@ -453,7 +314,7 @@ func TestTerminalPodKeepsItsPhase(t *testing.T) {
 	e.s.Add(Request{Pod: ref, Stamp: phase(corev1.PodSucceeded)}, Request{Pod: ref, Stamp: limitOOM("main")})
 	e.step(DefaultBatchPeriod)
 	e.waitPatches(1)
-	got := e.pods.pod(ns, podName)
+	got := e.pods.Pod(ns, podName)
 	if got.Status.Phase != corev1.PodFailed || !conditions.IsTrue(&got.Status, conditions.OOMKilled) {
 		t.Errorf("status %+v: want phase Failed kept and OOMKilled added", got.Status)
 	}
@@ -465,7 +326,7 @@ func TestExitHistoryFromStaleCache(t *testing.T) {
 	p := testPod()
 	p.Spec.RestartPolicy = corev1.RestartPolicyOnFailure
 	e := newEnv(t, p)
-	stale := e.pods.pod(ns, podName)
+	stale := e.pods.Pod(ns, podName)
 	e.setLookup(func() *corev1.Pod { return stale })
 
 	s1, h1 := history("main", 0)
@@ -476,7 +337,7 @@ func TestExitHistoryFromStaleCache(t *testing.T) {
 	e.s.Add(Request{Pod: ref, Stamp: s2, History: h2})
 	e.step(DefaultBatchPeriod)
 	e.waitPatches(3) // a conflict (stale resourceVersion), then the write
-	got, err := exithistory.Parse(e.pods.pod(ns, podName).Annotations[conditions.AnnotationExitHistory])
+	got, err := exithistory.Parse(e.pods.Pod(ns, podName).Annotations[conditions.AnnotationExitHistory])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -497,7 +358,7 @@ func TestForgetDropsPending(t *testing.T) {
 	}
 	e.clk.Step(DefaultBatchPeriod)
 	time.Sleep(20 * time.Millisecond)
-	if n := e.pods.patchCount(); n != 0 {
+	if n := e.pods.PatchCount(); n != 0 {
 		t.Errorf("%d patches for a forgotten pod", n)
 	}
 }
