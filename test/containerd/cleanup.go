@@ -1,11 +1,9 @@
 package containerd
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -13,37 +11,13 @@ import (
 	"github.com/coroner-dev/coroner/test/host"
 )
 
-// processesUsing returns the processes whose command line has an argument inside dir:
-// containerd (--config dir/config.toml) and its shims (-address dir/containerd.sock).
-func processesUsing(dir string) []int {
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		for _, arg := range bytes.Split(b, []byte{0}) {
-			if strings.HasPrefix(string(arg), dir+"/") {
-				pids = append(pids, pid)
-				break
-			}
-		}
-	}
-	return pids
-}
-
 // cleanup removes everything a containerd in dir with test cgroup cgroupName left: the
 // containerd and shim processes, every process in the test cgroups, the shims' sockets,
 // mounts under dir, the cgroups, and dir itself unless keep.
 func cleanup(dir, cgroupName string, keep bool) {
 	// containerd and shims first, so that nothing restarts or reaps containers meanwhile;
 	// then every process in the test cgroups (the containers, reparented to init).
-	users := processesUsing(dir)
+	users := host.ProcessesUsing(nil, dir)
 	host.KillAll(users)
 	host.WaitGone(users, 5*time.Second)
 	if cgroupName != "" {

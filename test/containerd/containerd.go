@@ -4,10 +4,10 @@
 //
 // One containerd is shared by the tests of a package:
 //
-//	func TestMain(m *testing.M) { os.Exit(containerd.Main(m)) }
+//	func TestMain(m *testing.M) { os.Exit(containerdtest.Main(m)) }
 //
 //	func TestSomething(t *testing.T) {
-//		env := containerd.Shared(t)
+//		env := containerdtest.Shared(t)
 //		pod, err := env.RunPod(ctx, "ns", "name")
 //		id, err := pod.StartContainer(ctx, containerd.Container{Name: "main", Command: []string{"sh", "-c", "exit 3"}})
 //		...
@@ -42,7 +42,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"testing"
 	"time"
 
 	"google.golang.org/grpc"
@@ -50,7 +49,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/host"
 	"github.com/coroner-dev/coroner/test/images"
 )
@@ -91,7 +89,7 @@ type Env struct {
 	keep    bool
 	bins    binaries
 	mu      sync.Mutex
-	proc    *harness.Process
+	proc    *host.Process
 	stopped bool
 }
 
@@ -279,7 +277,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 // new gRPC connection with a short reconnect backoff: with gRPC's default one (1 s) a
 // connection that dialled before containerd listened, or saw it die, waits a second.
 func (e *Env) start(ctx context.Context) error {
-	p, err := harness.StartProcess(e.Dir, "containerd", e.bins.containerd, "--config", filepath.Join(e.Dir, "config.toml"))
+	p, err := host.StartProcess(e.Dir, "containerd", e.bins.containerd, "--config", filepath.Join(e.Dir, "config.toml"))
 	if err != nil {
 		return err
 	}
@@ -452,48 +450,6 @@ func (e *Env) LogTail(n int) string {
 		return ""
 	}
 	return p.LogTail(n)
-}
-
-var (
-	shared    *Env
-	sharedErr error
-)
-
-// Main starts the package's shared Env, runs the tests and stops the Env; use it as
-// `os.Exit(containerd.Main(m))` in TestMain.
-//
-// When containerd, runc or busybox-static is missing (or not root), the tests that call
-// Shared are skipped with a message that says what to install, unless
-// CORONER_REQUIRE_CONTAINERD=1 (CI), in which case they fail.
-func Main(m *testing.M) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	shared, sharedErr = Start(ctx, Options{})
-	cancel()
-	if sharedErr == nil {
-		fmt.Fprintf(os.Stderr, "containerd: %s ready at %s: started in %v, images imported in %v\n",
-			shared.Version, shared.Socket, shared.StartupTime.Round(time.Millisecond), shared.ImportTime.Round(time.Millisecond))
-	}
-	code := m.Run()
-	if shared != nil {
-		shared.Stop()
-	}
-	return code
-}
-
-// Shared returns the Env started by Main, skipping or failing the test when there is none.
-func Shared(t testing.TB) *Env {
-	t.Helper()
-	switch {
-	case shared != nil:
-		return shared
-	case sharedErr == nil:
-		t.Fatal("containerd.Shared called without containerd.Main in TestMain")
-	case errors.Is(sharedErr, ErrNotAvailable) && os.Getenv("CORONER_REQUIRE_CONTAINERD") != "1":
-		t.Skipf("no real containerd (set CORONER_REQUIRE_CONTAINERD=1 to fail instead): %v", sharedErr)
-	default:
-		t.Fatalf("starting containerd: %v", sharedErr)
-	}
-	return nil
 }
 
 // writeOwner records which process owns dir, so a later sweep can tell whether it is

@@ -42,6 +42,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/coroner-dev/coroner/test/host"
 )
 
 // KubeVersion is the Kubernetes version test/tools/build.sh builds.
@@ -78,7 +80,7 @@ type Env struct {
 	ca     *CA
 	keep   bool
 	mu     sync.Mutex
-	procs  []*Process // in start order; stopped in reverse
+	procs  []*host.Process // in start order; stopped in reverse
 }
 
 // Start launches etcd and kube-apiserver and waits until the API server is ready. On error
@@ -228,7 +230,7 @@ func (e *Env) writePKI() (pkiFiles, error) {
 }
 
 // waitReady polls /readyz until it answers ok, then reads the server version.
-func (e *Env) waitReady(p *Process, timeout time.Duration) error {
+func (e *Env) waitReady(p *host.Process, timeout time.Duration) error {
 	client, err := kubernetes.NewForConfig(e.Config)
 	if err != nil {
 		return err
@@ -257,16 +259,16 @@ func (e *Env) waitReady(p *Process, timeout time.Duration) error {
 }
 
 // portErr marks a start-up failure caused by a port another program took meanwhile.
-func portErr(err error, p *Process) error {
+func portErr(err error, p *host.Process) error {
 	if strings.Contains(p.LogTail(20000), "address already in use") {
 		return fmt.Errorf("%w: %v", errPortTaken, err)
 	}
 	return err
 }
 
-func (e *Env) startProcess(name string, args ...string) (*Process, error) {
+func (e *Env) startProcess(name string, args ...string) (*host.Process, error) {
 	bin := filepath.Join(e.binDir, name)
-	p, err := StartProcess(e.Dir, name, bin, args...)
+	p, err := host.StartProcess(e.Dir, name, bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -350,7 +352,7 @@ func resolveBinDir(dir string) (string, error) {
 		dir = os.Getenv("CORONER_BIN_DIR")
 	}
 	if dir == "" {
-		root, err := RepoRoot()
+		root, err := host.RepoRoot()
 		if err != nil {
 			return "", err
 		}
@@ -366,22 +368,3 @@ func resolveBinDir(dir string) (string, error) {
 
 // ErrNoBinaries means the Kubernetes binaries have not been built.
 var ErrNoBinaries = errors.New("harness binaries missing")
-
-// RepoRoot walks up from the working directory to the repository root (the folder that
-// holds test/tools/build.sh).
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "test", "tools", "build.sh")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("cannot find the coroner repository root above the working directory")
-		}
-		dir = parent
-	}
-}

@@ -6,8 +6,10 @@ package host
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -218,4 +220,70 @@ func WaitGone(pids []int, timeout time.Duration) bool {
 		}
 	}
 	return true
+}
+
+// RepoRoot walks up from the working directory to the repository root (the folder that
+// holds test/tools/build.sh).
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "test", "tools", "build.sh")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("cannot find the coroner repository root above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// ProcessesUsing returns the running processes (but this one) with a command-line
+// argument inside one of dirs or equal to it ("--data-dir=DIR/x", "--config DIR/x",
+// "-address unix://DIR/sock"), among those whose executable's base name is in programs
+// (any program when programs is nil). The test environments use it to find what they
+// started even when their own records are lost: containerd and its shims, etcd, kubelets.
+func ProcessesUsing(programs []string, dirs ...string) []int {
+	entries, _ := os.ReadDir("/proc")
+	self := os.Getpid()
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self || !Alive(pid) {
+			continue
+		}
+		if programs != nil {
+			exe, err := os.Readlink("/proc/" + e.Name() + "/exe")
+			if err != nil || !slices.Contains(programs, filepath.Base(strings.TrimSuffix(exe, " (deleted)"))) {
+				continue
+			}
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		if argsInside(bytes.Split(b, []byte{0}), dirs) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func argsInside(args [][]byte, dirs []string) bool {
+	for _, a := range args[min(1, len(args)):] { // not the program itself
+		s := string(a)
+		if i := strings.IndexByte(s, '='); i >= 0 && strings.HasPrefix(s, "-") {
+			s = s[i+1:]
+		}
+		s = strings.TrimPrefix(s, "unix://")
+		for _, d := range dirs {
+			if s == d || strings.HasPrefix(s, d+"/") {
+				return true
+			}
+		}
+	}
+	return false
 }

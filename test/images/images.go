@@ -37,7 +37,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/coroner-dev/coroner/test/harness"
+	"github.com/coroner-dev/coroner/test/host"
 )
 
 // Image names, as containerd's CRI plugin sees them (fully qualified).
@@ -72,7 +72,7 @@ func Dir() (string, error) {
 	if d := os.Getenv("CORONER_IMAGES_DIR"); d != "" {
 		return d, nil
 	}
-	root, err := harness.RepoRoot()
+	root, err := host.RepoRoot()
 	if err != nil {
 		return "", err
 	}
@@ -156,7 +156,7 @@ func resolveDir(dir string) (string, error) {
 // buildMemhog compiles test/images/memhog statically into dir/memhog and returns its path.
 // The go command's build cache makes this quick after the first time.
 func buildMemhog(ctx context.Context, dir string) (string, error) {
-	root, err := harness.RepoRoot()
+	root, err := host.RepoRoot()
 	if err != nil {
 		return "", err
 	}

@@ -33,7 +33,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/coroner-dev/coroner/test/harness"
+	"github.com/coroner-dev/coroner/test/host"
 )
 
 // Fixed names and addresses of the lab. Only one lab runs on a machine at a time.
@@ -130,7 +130,7 @@ type Config struct {
 
 // DefaultConfig is the lab of the repository that holds the working directory.
 func DefaultConfig() (Config, error) {
-	root, err := harness.RepoRoot()
+	root, err := host.RepoRoot()
 	if err != nil {
 		return Config{}, err
 	}

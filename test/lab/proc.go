@@ -1,11 +1,9 @@
 package lab
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -145,56 +143,17 @@ func (p Proc) stop(grace time.Duration) {
 }
 
 // labPrograms are the programs the lab runs outside containers.
-var labPrograms = map[string]bool{
-	"etcd": true, "kube-apiserver": true, "kube-controller-manager": true, "kube-scheduler": true,
-	"kubelet": true, "containerd": true, "containerd-shim-runc-v2": true, "runc": true,
+var labPrograms = []string{
+	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+	"kubelet", "containerd", "containerd-shim-runc-v2", "runc",
 }
 
-// processesUsing returns the running lab programs (labPrograms) with a command-line
-// argument inside one of dirs (or equal to it): what the lab started (etcd
-// --data-dir=..., kubelet --config=..., containerd --config ...) and the containerd shims
-// (-address /run/coroner-lab/NODE/containerd.sock). Down uses it to find what a lost or
-// stale state file does not name. Other programs (a `tail -f` of a lab log, a kubectl
-// with the lab's kubeconfig) are left alone.
-func processesUsing(dirs ...string) []int {
-	entries, _ := os.ReadDir("/proc")
-	self := os.Getpid()
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == self || !host.Alive(pid) {
-			continue
-		}
-		exe, err := os.Readlink("/proc/" + e.Name() + "/exe")
-		if err != nil || !labPrograms[filepath.Base(strings.TrimSuffix(exe, " (deleted)"))] {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		if argsInside(bytes.Split(b, []byte{0}), dirs) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-func argsInside(args [][]byte, dirs []string) bool {
-	for _, a := range args[min(1, len(args)):] { // not the program itself
-		s := string(a)
-		if i := strings.IndexByte(s, '='); i >= 0 && strings.HasPrefix(s, "-") {
-			s = s[i+1:]
-		}
-		s = strings.TrimPrefix(s, "unix://")
-		for _, d := range dirs {
-			if s == d || strings.HasPrefix(s, d+"/") {
-				return true
-			}
-		}
-	}
-	return false
-}
+// processesUsing returns the running lab programs with a command-line argument inside one
+// of dirs: what the lab started (etcd --data-dir=..., kubelet --config=..., containerd
+// --config ...) and the containerd shims (-address /run/coroner-lab/NODE/containerd.sock).
+// Down uses it to find what a lost or stale state file does not name. Other programs (a
+// `tail -f` of a lab log, a kubectl with the lab's kubeconfig) are left alone.
+func processesUsing(dirs ...string) []int { return host.ProcessesUsing(labPrograms, dirs...) }
 
 // commandName is /proc/PID/comm, for messages.
 func commandName(pid int) string {

@@ -16,9 +16,10 @@ import (
 
 	"github.com/coroner-dev/coroner/cri"
 	"github.com/coroner-dev/coroner/test/containerd"
+	"github.com/coroner-dev/coroner/test/containerd/containerdtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(containerd.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(containerdtest.Main(m)) }
 
 // recorder drains a Watcher's events into a list that tests wait on.
 type recorder struct {
@@ -95,7 +96,7 @@ func ofContainer(id string) func(cri.ContainerEvent) bool {
 const settle = 2100 * time.Millisecond
 
 func TestExitCode(t *testing.T) {
-	env := containerd.Shared(t)
+	env := containerdtest.Shared(t)
 	for _, tc := range []struct {
 		name string
 		opts cri.Options
@@ -147,7 +148,7 @@ func TestExitCode(t *testing.T) {
 }
 
 func TestOOMKilled(t *testing.T) {
-	env := containerd.Shared(t)
+	env := containerdtest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, rec := watch(t, env, cri.Options{})
@@ -180,7 +181,7 @@ func TestOOMKilled(t *testing.T) {
 // TestChildOOMKilled: the kernel kills a child process over the limit while PID 1
 // survives: an OOM event, and no exit.
 func TestChildOOMKilled(t *testing.T) {
-	env := containerd.Shared(t)
+	env := containerdtest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, rec := watch(t, env, cri.Options{})
@@ -213,7 +214,7 @@ func TestChildOOMKilled(t *testing.T) {
 // TestRuntimeRestart: containerd dies, the container exits while it is down, containerd
 // comes back: the exit is delivered once.
 func TestRuntimeRestart(t *testing.T) {
-	env := containerd.Shared(t)
+	env := containerdtest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	w, rec := watch(t, env, cri.Options{})
@@ -264,7 +265,7 @@ func TestRuntimeRestart(t *testing.T) {
 }
 
 func TestUnlabeledContainersIgnored(t *testing.T) {
-	env := containerd.Shared(t)
+	env := containerdtest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	w, rec := watch(t, env, cri.Options{})

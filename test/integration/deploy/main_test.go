@@ -50,6 +50,7 @@ import (
 	"k8s.io/client-go/restmapper"
 
 	"github.com/coroner-dev/coroner/test/harness"
+	"github.com/coroner-dev/coroner/test/host"
 )
 
 func TestMain(m *testing.M) { os.Exit(harness.Main(m)) }
@@ -83,7 +84,7 @@ func kubectlPath(t *testing.T) string {
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	root, err := harness.RepoRoot()
+	root, err := host.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package containerd
+package containerdtest
 
 import (
 	"context"
@@ -11,13 +11,14 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/coroner-dev/coroner/test/containerd"
 	"github.com/coroner-dev/coroner/test/host"
 )
 
 func TestMain(m *testing.M) { os.Exit(Main(m)) }
 
 // waitExited polls CRI until the container has exited.
-func waitExited(ctx context.Context, t *testing.T, e *Env, id string) *runtimeapi.ContainerStatus {
+func waitExited(ctx context.Context, t *testing.T, e *containerd.Env, id string) *runtimeapi.ContainerStatus {
 	t.Helper()
 	for {
 		st, err := e.ContainerStatus(ctx, id)
@@ -45,7 +46,7 @@ func TestExitCodeAndLabels(t *testing.T) {
 		t.Fatal(err)
 	}
 	sandbox := time.Since(start)
-	id, err := pod.StartContainer(ctx, Container{Name: "main", Command: []string{"sh", "-c", "exit 3"}, MemoryLimit: 64 << 20})
+	id, err := pod.StartContainer(ctx, containerd.Container{Name: "main", Command: []string{"sh", "-c", "exit 3"}, MemoryLimit: 64 << 20})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, e.LogTail(3000))
 	}
@@ -54,7 +55,7 @@ func TestExitCodeAndLabels(t *testing.T) {
 	if st.ExitCode != 3 || st.Reason != "Error" {
 		t.Errorf("exit code %d reason %q, want 3 Error", st.ExitCode, st.Reason)
 	}
-	for k, want := range map[string]string{LabelPodNamespace: "ns1", LabelPodName: "exit3", LabelPodUID: pod.UID, LabelContainerName: "main"} {
+	for k, want := range map[string]string{containerd.LabelPodNamespace: "ns1", containerd.LabelPodName: "exit3", containerd.LabelPodUID: pod.UID, containerd.LabelContainerName: "main"} {
 		if st.Labels[k] != want {
 			t.Errorf("label %s = %q, want %q", k, st.Labels[k], want)
 		}
@@ -77,7 +78,7 @@ func TestVerboseStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pod.Remove(ctx)
-	id, err := pod.StartContainer(ctx, Container{Name: "main", Command: []string{"sleep", "3600"}, MemoryLimit: 32 << 20})
+	id, err := pod.StartContainer(ctx, containerd.Container{Name: "main", Command: []string{"sleep", "3600"}, MemoryLimit: 32 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +108,7 @@ func TestRestartKeepsContainers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pod.Remove(ctx)
-	id, err := pod.StartContainer(ctx, Container{Name: "main", Command: []string{"sh", "-c", "while [ ! -e /tmp/stop ]; do sleep 0.1; done; exit 7"}})
+	id, err := pod.StartContainer(ctx, containerd.Container{Name: "main", Command: []string{"sh", "-c", "while [ ! -e /tmp/stop ]; do sleep 0.1; done; exit 7"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func TestStopLeavesNothing(t *testing.T) {
 	Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	e, err := Start(ctx, Options{})
+	e, err := containerd.Start(ctx, containerd.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,14 +158,14 @@ func TestStopLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pod.StartContainer(ctx, Container{Name: "main", Command: []string{"sleep", "3600"}}); err != nil {
+	if _, err := pod.StartContainer(ctx, containerd.Container{Name: "main", Command: []string{"sleep", "3600"}}); err != nil {
 		t.Fatal(err)
 	}
 	// Make Stop's CRI cleanup impossible, as if the test had crashed: only the sweep
 	// remains.
 	e.Kill()
 	e.Stop()
-	if p := processesUsing(e.Dir); len(p) > 0 {
+	if p := host.ProcessesUsing(nil, e.Dir); len(p) > 0 {
 		t.Errorf("processes left: %v", p)
 	}
 	if p := host.CgroupPIDs(e.CgroupName); len(p) > 0 {
