@@ -689,6 +689,11 @@ func causeOfDeath(p *corev1.Pod, r policy.Result) string {
 		return fmt.Sprintf("container %s exited %d", r.ContainerName, r.ExitCode)
 	}
 	if r.ConditionType != "" {
+		// The reason says which disruption or which OOM it was (NodeOOMKill,
+		// PreemptionByScheduler, MemoryLimitExceeded, ...).
+		if c := conditions.Find(&p.Status, r.ConditionType); c != nil && c.Reason != "" {
+			return fmt.Sprintf("condition %s (%s)", r.ConditionType, c.Reason)
+		}
 		return fmt.Sprintf("condition %s", r.ConditionType)
 	}
 	for _, list := range [][]corev1.ContainerStatus{p.Status.ContainerStatuses, p.Status.InitContainerStatuses} {

@@ -216,12 +216,14 @@ func TestIgnoreRuleDoesNotCount(t *testing.T) {
 	disrupted := tracked(wrappers.MakePod("j-0-a", "ns").Index(0).Phase(corev1.PodFailed).ExitedContainer("main", 137).
 		FinishedAt(now.Add(-time.Hour)).Condition(corev1.DisruptionTarget, corev1.ConditionTrue).
 		Annotation(batchv1.JobIndexFailureCountAnnotation, "0"))
+	disrupted.Status.Conditions[len(disrupted.Status.Conditions)-1].Reason = "NodeOOMKill"
 	other := tracked(running("j-1-a").Index(1))
 
 	plan := sync(j, disrupted, other)
 	if len(plan.Create) != 1 {
 		t.Fatalf("created %d pods, want the replacement of index 0", len(plan.Create))
 	}
+	events := plan.Events
 	repl := plan.Create[0].Pod
 	if repl.Annotations[batchv1.JobIndexFailureCountAnnotation] != "0" || repl.Annotations[batchv1.JobIndexIgnoredFailureCountAnnotation] != "1" {
 		t.Errorf("replacement annotations = %v, want failure count 0, ignored 1", repl.Annotations)
@@ -241,6 +243,12 @@ func TestIgnoreRuleDoesNotCount(t *testing.T) {
 	}
 	if plan.Observations.PodFailures["Ignore"] != 1 {
 		t.Errorf("observations %+v, want one Ignore", plan.Observations.PodFailures)
+	}
+	// The Event names the condition's reason: which disruption it was.
+	events = append(events, plan.Events...)
+	want := "pod ns/j-0-a: condition DisruptionTarget (NodeOOMKill), matched rule 0 (Ignore): not counted, the pod will be replaced"
+	if !slices.ContainsFunc(events, func(e Event) bool { return e.Message == want }) {
+		t.Errorf("events %+v, want %q", events, want)
 	}
 }
 
