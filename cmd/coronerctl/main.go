@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/coroner-dev/coroner/cmd/coronerctl/chaos"
 	"github.com/coroner-dev/coroner/cmd/coronerctl/check"
 	"github.com/coroner-dev/coroner/cmd/coronerctl/explain"
 	"github.com/coroner-dev/coroner/cmd/internal/cli"
@@ -25,7 +26,7 @@ Usage:
   coronerctl version                 print the version
   coronerctl explain job NAME        each failed pod's cause of death, the rule that matched and the action
   coronerctl check -f job.yaml       validate a Job's failure policy offline
-  coronerctl chaos ...               partition, kill-kubelet, oom, evict, drain, preempt in the lab (lab issue)
+  coronerctl chaos ACTION ARG        inject a failure: evict, drain, preempt anywhere; partition, kill-kubelet, oom in the lab
 
 coronerctl COMMAND --help shows the command's flags.`
 
@@ -72,8 +73,17 @@ func main() {
 		}
 		exit(cfs.Name(), opts.Run(os.Stdout, os.Stdin))
 	case "chaos":
-		fmt.Fprintf(os.Stderr, "coronerctl %s: not yet; it lands with the lab issue (D2)\n", args[0])
-		os.Exit(1)
+		opts := chaos.NewOptions()
+		cfs := pflag.NewFlagSet("coronerctl chaos", pflag.ContinueOnError)
+		opts.AddFlags(cfs)
+		cli.Parse(cfs, chaos.Usage, args[1:])
+		if err := opts.Validate(cfs.Args()); err != nil {
+			cli.Fail(cfs.Name(), err)
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := opts.Run(ctx, cfs.Args(), os.Stdout)
+		stop()
+		exit(cfs.Name(), err)
 	default:
 		cli.Fail(fs.Name(), fmt.Errorf("unknown command %q; see coronerctl --help", args[0]))
 	}

@@ -13,6 +13,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -113,7 +114,7 @@ func (c Config) startAPIServer(ctx context.Context, st *State, p *pki) error {
 	if err != nil {
 		return err
 	}
-	cs, err := c.clientset()
+	cs, err := c.Clientset()
 	if err != nil {
 		return err
 	}
@@ -190,7 +191,7 @@ func (c Config) startControllers(ctx context.Context, st *State, p *pki) error {
 // `default` ServiceAccount (service-account controller) and the kube-root-ca.crt ConfigMap
 // (root-ca-cert-publisher) that every projected token volume mounts.
 func (c Config) waitDefaultServiceAccount(ctx context.Context) error {
-	cs, err := c.clientset()
+	cs, err := c.Clientset()
 	if err != nil {
 		return err
 	}
@@ -211,12 +212,22 @@ func (c Config) startControl(st *State, name string, args ...string) (Proc, erro
 	return p, st.addProc(p)
 }
 
-func (c Config) clientset() (*kubernetes.Clientset, error) {
+// RESTConfig is the cluster-admin client configuration of the lab.
+func (c Config) RESTConfig() (*rest.Config, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig())
 	if err != nil {
 		return nil, err
 	}
 	cfg.QPS, cfg.Burst = 50, 100
+	return cfg, nil
+}
+
+// Clientset is a cluster-admin client of the lab.
+func (c Config) Clientset() (*kubernetes.Clientset, error) {
+	cfg, err := c.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
 	return kubernetes.NewForConfig(cfg)
 }
 

@@ -94,7 +94,7 @@ func shimRunning(sts []workloadStatus) (bool, string) {
 // runDemo creates the demo Job (replacing an earlier one), waits until it finishes and
 // prints its status, its pods, `kubectl describe job` events and what it shows.
 func (c Config) runDemo(ctx context.Context, say func(string, ...any), timeout time.Duration) error {
-	cs, err := c.clientset()
+	cs, err := c.Clientset()
 	if err != nil {
 		return err
 	}
@@ -158,7 +158,7 @@ func (c Config) runDemo(ctx context.Context, say func(string, ...any), timeout t
 				p.Spec.NodeName, p.Status.Phase, exitCodes(&p))
 		}
 	}
-	if out, err := c.kubectl(ctx, nil, "describe", "job", "-n", DemoNamespace, DemoJob); err == nil {
+	if out, err := c.Kubectl(ctx, nil, "describe", "job", "-n", DemoNamespace, DemoJob); err == nil {
 		say("kubectl describe job %s (events):", DemoJob)
 		if i := strings.Index(string(out), "Events:"); i >= 0 {
 			for _, l := range strings.Split(strings.TrimRight(string(out[i:]), "\n"), "\n") {

@@ -36,7 +36,7 @@ func (c Config) deploy(ctx context.Context, say func(string, ...any)) ([]workloa
 	if _, err := os.Stat(c.Overlay); err != nil {
 		return nil, err
 	}
-	rendered, err := c.kubectl(ctx, nil, "kustomize", c.Overlay)
+	rendered, err := c.Kubectl(ctx, nil, "kustomize", c.Overlay)
 	if err != nil {
 		return nil, fmt.Errorf("kubectl kustomize %s: %w", c.shortPath(c.Overlay), err)
 	}
@@ -57,7 +57,7 @@ func (c Config) deploy(ctx context.Context, say func(string, ...any)) ([]workloa
 		}
 	}
 	say("%s renders %d objects", c.shortPath(c.Overlay), len(objs))
-	out, err := c.kubectl(ctx, rendered, "apply", "--server-side", "--force-conflicts", "--field-manager=coroner-lab", "-f", "-")
+	out, err := c.Kubectl(ctx, rendered, "apply", "--server-side", "--force-conflicts", "--field-manager=coroner-lab", "-f", "-")
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		if l != "" {
 			say("%s", l)
@@ -69,9 +69,9 @@ func (c Config) deploy(ctx context.Context, say func(string, ...any)) ([]workloa
 	return wls, nil
 }
 
-// kubectl runs the lab's kubectl against the lab, stdin from in; it returns stdout, and
+// Kubectl runs the lab's kubectl against the lab, stdin from in; it returns stdout, and
 // stderr in the error.
-func (c Config) kubectl(ctx context.Context, in []byte, args ...string) ([]byte, error) {
+func (c Config) Kubectl(ctx context.Context, in []byte, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, c.bin("kubectl"), append([]string{"--kubeconfig=" + c.Kubeconfig()}, args...)...)
 	if in != nil {
 		cmd.Stdin = bytes.NewReader(in)
@@ -117,7 +117,7 @@ type workloadStatus struct {
 // waitWorkloads waits until every workload is ready or has settled into a failure, up to
 // timeout, and returns their status.
 func (c Config) waitWorkloads(ctx context.Context, wls []workload, timeout time.Duration) ([]workloadStatus, error) {
-	cs, err := c.clientset()
+	cs, err := c.Clientset()
 	if err != nil {
 		return nil, err
 	}
@@ -290,7 +290,7 @@ func lastLogLine(ctx context.Context, cs kubernetes.Interface, ns, pod string) s
 // reportWorkloads prints the workloads' state, with the last log line of pods that are not
 // ready; it returns whether all are ready.
 func (c Config) reportWorkloads(ctx context.Context, sts []workloadStatus, say func(string, ...any)) bool {
-	cs, err := c.clientset()
+	cs, err := c.Clientset()
 	if err != nil {
 		say("%v", err)
 		return false

@@ -67,7 +67,7 @@ func TestLab(t *testing.T) {
 		t.Errorf("state records %d processes, want %d", len(st.Processes), 4+2*len(cfg.Nodes))
 	}
 
-	cs, err := cfg.clientset()
+	cs, err := cfg.Clientset()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestLab(t *testing.T) {
 		return running == len(cfg.Nodes), nil
 	})
 	if err != nil {
-		out, _ := cfg.kubectl(ctx, nil, "get", "pods", "-A", "-o", "wide")
+		out, _ := cfg.Kubectl(ctx, nil, "get", "pods", "-A", "-o", "wide")
 		t.Fatalf("%v\n%s", err, out)
 	}
 	for _, n := range cfg.Nodes {
@@ -132,7 +132,7 @@ func TestLab(t *testing.T) {
 	}
 	// Pod to pod across nodes, through kubectl exec (API server -> kubelet -> containerd).
 	first, last := cfg.Nodes[0], cfg.Nodes[len(cfg.Nodes)-1]
-	out, err := cfg.kubectl(ctx, nil, "exec", "-n", ns, "busybox-"+first.Name, "--", "ping", "-c", "1", "-W", "3", podIPs[last.Name])
+	out, err := cfg.Kubectl(ctx, nil, "exec", "-n", ns, "busybox-"+first.Name, "--", "ping", "-c", "1", "-W", "3", podIPs[last.Name])
 	if err != nil || !bytes.Contains(out, []byte("1 packets received")) {
 		t.Errorf("ping from the pod on %s to the pod on %s (%s): %v\n%s", first.Name, last.Name, podIPs[last.Name], err, out)
 	}

@@ -90,8 +90,9 @@ func cniConfig(n Node, ipamDir string) string {
 // kubeletConfig is the node's KubeletConfiguration, with what lab-notes.md found
 // necessary: cgroupfs, failCgroupV1 false (1.36 refuses cgroup v1 by default), failSwapOn
 // false, a cgroupRoot of its own that exists in every hierarchy, its own directories,
-// webhook authentication and authorization with the cluster CA, fast status updates, and
-// no image garbage collection (imported images cannot be pulled again).
+// webhook authentication and authorization with the cluster CA, fast status updates, volume
+// usage measured every 5 s (not every minute, so an emptyDir over its sizeLimit is evicted
+// within seconds), and no image garbage collection (imported images cannot be pulled again).
 func (c Config) kubeletConfig(n Node, p *pki) string {
 	dir := c.nodeDir(n)
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
@@ -121,6 +122,7 @@ podLogsDir: %[7]q
 volumePluginDir: %[8]q
 nodeStatusUpdateFrequency: 5s
 nodeStatusReportFrequency: 5s
+volumeStatsAggPeriod: 5s
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard:
@@ -220,7 +222,7 @@ func (c Config) startKubelet(st *State, n Node) error {
 // waitNodesReady waits until every lab node is registered and Ready, and says which are
 // not when it gives up.
 func (c Config) waitNodesReady(ctx context.Context, st *State, timeout time.Duration) error {
-	cs, err := c.clientset()
+	cs, err := c.Clientset()
 	if err != nil {
 		return err
 	}

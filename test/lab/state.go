@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -113,8 +114,16 @@ func (s *State) saveLocked() error {
 	return os.Rename(tmp, s.path)
 }
 
+// addProc records a process the lab started; it replaces the record of an earlier
+// process of the same name (a kubelet restarted by `coronerctl chaos start-kubelet`).
 func (s *State) addProc(p Proc) error {
-	return s.update(func(s *State) { s.Processes = append(s.Processes, p) })
+	return s.update(func(s *State) {
+		if i := slices.IndexFunc(s.Processes, func(o Proc) bool { return o.Name == p.Name }); i >= 0 {
+			s.Processes[i] = p
+			return
+		}
+		s.Processes = append(s.Processes, p)
+	})
 }
 
 func (s *State) addNetns(name string) error {
@@ -146,4 +155,14 @@ func (s *State) procs() []Proc {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.Processes)
+}
+
+// IsUp reports whether the lab is up and finished (`make lab` ran to its end, perhaps
+// without the demo), with all its processes running.
+func (c Config) IsUp(ctx context.Context) (bool, error) {
+	st, err := loadState(c.statePath())
+	if err != nil || st == nil || st.Phase != phaseReady {
+		return false, err
+	}
+	return c.health(ctx, st) == nil, nil
 }

@@ -27,16 +27,25 @@ func Status(ctx context.Context, c Config) error {
 		return ErrNotUp
 	}
 	fmt.Fprintf(w, "coroner lab: phase %s, started %s\n", st.Phase, st.StartedAt.Local().Format("2006-01-02 15:04:05"))
-	down := 0
+	down, kubeletsDown := 0, 0
 	for _, p := range st.procs() {
 		state := "running"
 		if !p.running() {
 			state = "NOT RUNNING"
 			down++
+			if strings.HasPrefix(p.Name, "kubelet-") {
+				kubeletsDown++
+				state += " (coronerctl chaos start-kubelet " + p.Node + " starts it again)"
+			}
 		}
 		fmt.Fprintf(w, "  %-32s pid %-7d %s\n", p.Name, p.PID, state)
 	}
-	if down > 0 || st.Phase != phaseReady {
+	for _, n := range c.Nodes {
+		if cut, err := c.Partitioned(n.Name); err == nil && cut {
+			fmt.Fprintf(w, "  %s is partitioned: link %s is down (coronerctl chaos heal %s)\n", n.Name, n.HostVeth, n.Name)
+		}
+	}
+	if down > kubeletsDown || st.Phase != phaseReady {
 		fmt.Fprintln(w, "make lab repairs it (removes and starts again); make lab-down removes it")
 		return ErrNotUp
 	}
@@ -44,12 +53,12 @@ func Status(ctx context.Context, c Config) error {
 		fmt.Fprintf(w, "%v\n", err)
 		return ErrNotUp
 	}
-	if out, err := c.kubectl(ctx, nil, "get", "nodes", "-o", "wide"); err == nil {
+	if out, err := c.Kubectl(ctx, nil, "get", "nodes", "-o", "wide"); err == nil {
 		fmt.Fprintf(w, "\n%s\n", strings.TrimSpace(string(out)))
 	}
 	if len(st.Workloads) > 0 {
 		fmt.Fprintln(w, "\ncoroner:")
-		cs, err := c.clientset()
+		cs, err := c.Clientset()
 		if err == nil {
 			var sts []workloadStatus
 			for _, wl := range st.Workloads {
@@ -58,7 +67,7 @@ func Status(ctx context.Context, c Config) error {
 			c.reportWorkloads(ctx, sts, func(format string, args ...any) { fmt.Fprintf(w, "  "+format+"\n", args...) })
 		}
 	}
-	if out, err := c.kubectl(ctx, nil, "get", "pods", "-A", "-o", "wide"); err == nil {
+	if out, err := c.Kubectl(ctx, nil, "get", "pods", "-A", "-o", "wide"); err == nil {
 		fmt.Fprintf(w, "\n%s\n", strings.TrimSpace(string(out)))
 	}
 	fmt.Fprintf(w, "\nkubeconfig: %s\n", c.Kubeconfig())
@@ -79,7 +88,7 @@ func Demo(ctx context.Context, c Config) error {
 	}
 	pr := newProgress(c.out(), 1)
 	return pr.step("demo Job", func() error {
-		cs, err := c.clientset()
+		cs, err := c.Clientset()
 		if err != nil {
 			return err
 		}

@@ -142,7 +142,7 @@ func (c Config) upFrom(ctx context.Context, st *State, resume bool) error {
 				if err := c.waitDefaultServiceAccount(ctx); err != nil {
 					return err
 				}
-				out, err := c.kubectl(ctx, nil, "get", "nodes", "-o", "wide")
+				out, err := c.Kubectl(ctx, nil, "get", "nodes", "-o", "wide")
 				if err == nil {
 					pr.say("%s", strings.TrimSpace(string(out)))
 				}
@@ -474,7 +474,7 @@ func (c Config) health(ctx context.Context, st *State) error {
 	if len(st.Processes) == 0 {
 		return errors.New("no process recorded")
 	}
-	cs, err := c.clientset()
+	cs, err := c.Clientset()
 	if err != nil {
 		return err
 	}
@@ -507,13 +507,13 @@ func (c Config) printSummary(ctx context.Context, st *State, took time.Duration)
 		}
 		fmt.Fprintf(w, "coroner lab: up in %s (%s)\n", seconds(took), strings.Join(parts, ", "))
 	}
-	if out, err := c.kubectl(ctx, nil, "get", "nodes"); err == nil {
+	if out, err := c.Kubectl(ctx, nil, "get", "nodes"); err == nil {
 		fmt.Fprintf(w, "%s\n", strings.TrimSpace(string(out)))
 	}
 	if took == 0 && len(st.Workloads) > 0 {
 		fmt.Fprintln(w, "coroner:")
 		var sts []workloadStatus
-		cs, err := c.clientset()
+		cs, err := c.Clientset()
 		if err == nil {
 			for _, wl := range st.Workloads {
 				sts = append(sts, workloadState(ctx, cs, wl))

@@ -1,0 +1,186 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Usage is the summary of `coronerctl chaos --help`.
+const Usage = `coronerctl chaos ACTION ARG [flags]: inject a failure on purpose, to watch coroner handle it.
+Each action prints what it did and how to undo it.
+
+On any cluster (through the API server):
+  evict POD          evict the pod through the eviction API (DisruptionTarget EvictionByEvictionAPI)
+  drain NODE         cordon the node and evict its pods but DaemonSet and static ones, as kubectl drain
+  uncordon NODE      make the node schedulable again (undoes drain)
+  preempt NODE       a pod of higher priority that needs the node's CPU: the scheduler preempts the
+                     pods of lower priority that request CPU there (DisruptionTarget PreemptionByScheduler)
+  unpreempt NODE     delete that pod (undoes preempt)
+
+In coroner's lab on this machine (make lab; root):
+  partition NODE     take the node off the network (its veth link down): NotReady, then tainted unreachable
+  heal NODE          put it back (link up)
+  kill-kubelet NODE  SIGKILL the node's kubelet; its containers keep running
+  start-kubelet NODE start it again (undoes kill-kubelet)
+  oom POD            make the kernel OOM-kill a task of the pod by lowering its cgroup's memory limit
+                     to what it uses (a pod over its own limit); with --node, lower the limit of all
+                     the node's pods instead (the node out of memory). The pod must be allocating.`
+
+// Options are the flags of `coronerctl chaos`.
+type Options struct {
+	Kubeconfig string
+	Context    string
+	Namespace  string
+	// Node makes oom lower the node's limit rather than the pod's.
+	Node bool
+	// Timeout bounds the wait of drain, preempt and oom.
+	Timeout time.Duration
+	// Image is the preemptor pod's image; PullPolicy its pull policy.
+	Image      string
+	PullPolicy string
+	// Priority is the preemptor's priority.
+	Priority int32
+	// LabDir is the repository whose lab the node-side actions act on; default the
+	// repository that holds the working directory or this program.
+	LabDir string
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	return &Options{Timeout: 2 * time.Minute, Image: defaultPreemptorImage, PullPolicy: string(corev1.PullIfNotPresent), Priority: defaultPreemptorPriority}
+}
+
+// AddFlags registers the options on fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig file; default $KUBECONFIG, else ~/.kube/config.")
+	fs.StringVar(&o.Context, "context", o.Context, "The kubeconfig context to use; default its current context.")
+	fs.StringVarP(&o.Namespace, "namespace", "n", o.Namespace, "Namespace of the POD (evict, oom) or of the preemptor pod (preempt, unpreempt); default the context's namespace, else default.")
+	fs.BoolVar(&o.Node, "node", o.Node, "oom: lower the memory limit of all the pods of the POD's node (kubepods), so the node is out of memory, instead of the pod's own.")
+	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "How long drain waits for the evicted pods, preempt for the preemptor to be scheduled, oom for an OOM kill.")
+	fs.StringVar(&o.Image, "image", o.Image, "preempt: the preemptor pod's image (it only has to start; in the lab use registry.k8s.io/pause:coroner).")
+	fs.StringVar(&o.PullPolicy, "image-pull-policy", o.PullPolicy, "preempt: the preemptor's imagePullPolicy: Always, IfNotPresent or Never.")
+	fs.Int32Var(&o.Priority, "priority", o.Priority, "preempt: the preemptor's priority; pods of this priority or more are not preempted.")
+	fs.StringVar(&o.LabDir, "lab-repo", o.LabDir, "The coroner repository whose lab partition, heal, kill-kubelet, start-kubelet and oom act on; default the one that holds the working directory or coronerctl.")
+}
+
+// actions maps each action to whether it acts on a node or a pod, and whether it needs
+// the lab.
+var actions = map[string]struct {
+	arg string // "NODE" or "POD"
+	lab bool
+}{
+	"evict": {"POD", false}, "drain": {"NODE", false}, "uncordon": {"NODE", false},
+	"preempt": {"NODE", false}, "unpreempt": {"NODE", false},
+	"partition": {"NODE", true}, "heal": {"NODE", true}, "kill-kubelet": {"NODE", true},
+	"start-kubelet": {"NODE", true}, "oom": {"POD", true},
+}
+
+// Validate checks the arguments and flags before anything is done.
+func (o *Options) Validate(args []string) error {
+	if len(args) == 0 {
+		return errors.New("missing ACTION; see coronerctl chaos --help")
+	}
+	a, ok := actions[args[0]]
+	if !ok {
+		return fmt.Errorf("unknown action %q; see coronerctl chaos --help", args[0])
+	}
+	if len(args) != 2 || args[1] == "" {
+		return fmt.Errorf("usage: coronerctl chaos %s %s", args[0], a.arg)
+	}
+	var errs []error
+	if o.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("--timeout must be positive, got %v", o.Timeout))
+	}
+	switch corev1.PullPolicy(o.PullPolicy) {
+	case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+	default:
+		errs = append(errs, fmt.Errorf("--image-pull-policy must be Always, IfNotPresent or Never, got %q", o.PullPolicy))
+	}
+	if o.Node && args[0] != "oom" {
+		errs = append(errs, fmt.Errorf("--node is a flag of oom, not of %s", args[0]))
+	}
+	if o.Priority <= 0 {
+		errs = append(errs, fmt.Errorf("--priority must be positive, got %d", o.Priority))
+	}
+	return errors.Join(errs...)
+}
+
+// Run does the action of args ("partition lab-node-2") and prints what it did and how
+// to undo it to w.
+func (o *Options) Run(ctx context.Context, args []string, w io.Writer) error {
+	if err := o.Validate(args); err != nil {
+		return err
+	}
+	action, target := args[0], args[1]
+	var undo string
+	var err error
+	if actions[action].lab {
+		undo, err = o.runLab(ctx, action, target, w)
+	} else {
+		undo, err = o.runCluster(ctx, action, target, w)
+	}
+	if undo != "" {
+		// Also after an error: a drain that timed out has cordoned the node all the same.
+		fmt.Fprintf(w, "undo: %s\n", undo)
+	}
+	return err
+}
+
+// client returns a clientset and the namespace of -n or the kubeconfig context.
+func (o *Options) client() (kubernetes.Interface, string, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = o.Kubeconfig
+	overrides := &clientcmd.ConfigOverrides{CurrentContext: o.Context}
+	overrides.Context.Namespace = o.Namespace
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("loading the client configuration: %w", err)
+	}
+	ns, _, err := cc.Namespace()
+	if err != nil {
+		return nil, "", err
+	}
+	cfg.UserAgent = "coronerctl-chaos"
+	cs, err := kubernetes.NewForConfig(cfg)
+	return cs, ns, err
+}
+
+func (o *Options) runCluster(ctx context.Context, action, target string, w io.Writer) (string, error) {
+	cs, ns, err := o.client()
+	if err != nil {
+		return "", err
+	}
+	switch action {
+	case "evict":
+		return Evict(ctx, cs, w, ns, target)
+	case "drain":
+		return Drain(ctx, cs, w, target, DrainOptions{Timeout: o.Timeout})
+	case "uncordon":
+		return Uncordon(ctx, cs, w, target)
+	case "preempt":
+		return Preempt(ctx, cs, w, target, PreemptOptions{
+			Namespace: ns, Image: o.Image, PullPolicy: corev1.PullPolicy(o.PullPolicy), Priority: o.Priority, Timeout: o.Timeout,
+		})
+	case "unpreempt":
+		return Unpreempt(ctx, cs, w, target, ns)
+	}
+	return "", fmt.Errorf("unknown action %q", action)
+}
+
+// quote is a command-line argument as a shell would need it.
+func quote(s string) string {
+	if s != "" && !strings.ContainsAny(s, " \t\n'\"\\$`;&|<>()*?[]{}~#!") {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

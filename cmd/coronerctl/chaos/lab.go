@@ -1,0 +1,123 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/coroner-dev/coroner/test/host"
+	"github.com/coroner-dev/coroner/test/lab"
+)
+
+// labConfig finds the lab: --lab-repo, else the repository that holds the working
+// directory, else the one coronerctl was built into (_output/bin/coronerctl).
+func (o *Options) labConfig() (lab.Config, error) {
+	if o.LabDir != "" {
+		abs, err := filepath.Abs(o.LabDir)
+		if err != nil {
+			return lab.Config{}, err
+		}
+		return lab.ConfigFor(abs), nil
+	}
+	if root, err := host.RepoRoot(); err == nil {
+		return lab.ConfigFor(root), nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		root := filepath.Dir(filepath.Dir(filepath.Dir(exe))) // <root>/_output/bin/coronerctl
+		if _, err := os.Stat(filepath.Join(root, "test", "tools", "build.sh")); err == nil {
+			return lab.ConfigFor(root), nil
+		}
+	}
+	return lab.Config{}, errors.New("cannot find coroner's lab: run coronerctl from the repository, or pass --lab-repo")
+}
+
+// runLab does a node-side action in the lab.
+func (o *Options) runLab(ctx context.Context, action, target string, w io.Writer) (string, error) {
+	cfg, err := o.labConfig()
+	if err != nil {
+		return "", err
+	}
+	cfg.Out = w
+	switch action {
+	case "partition":
+		if err := cfg.Partition(target); err != nil {
+			return "", err
+		}
+		n, _ := cfg.NodeNamed(target)
+		fmt.Fprintf(w, "partition: %s is off the network (link %s down): its kubelet, agent and pods reach neither the API server nor the other nodes, and keep running\n", target, n.HostVeth)
+		fmt.Fprintf(w, "partition: the node controller marks it NotReady once its status is older than --node-monitor-grace-period (20s in the lab), then taints it node.kubernetes.io/unreachable\n")
+		return "coronerctl chaos heal " + quote(target), nil
+	case "heal":
+		if err := cfg.Heal(target); err != nil {
+			return "", err
+		}
+		n, _ := cfg.NodeNamed(target)
+		fmt.Fprintf(w, "heal: %s is back on the network (link %s up); it is Ready again at its next status update\n", target, n.HostVeth)
+		return "coronerctl chaos partition " + quote(target), nil
+	case "kill-kubelet":
+		pid, err := cfg.KillKubelet(target)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(w, "kill-kubelet: killed the kubelet of %s (pid %d) with SIGKILL; its containers keep running, nothing reports the node's status\n", target, pid)
+		return "coronerctl chaos start-kubelet " + quote(target), nil
+	case "start-kubelet":
+		pid, err := cfg.StartKubelet(target)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(w, "start-kubelet: started the kubelet of %s again (pid %d), with the lab's configuration\n", target, pid)
+		return "coronerctl chaos kill-kubelet " + quote(target), nil
+	case "oom":
+		return o.oom(ctx, cfg, target, w)
+	}
+	return "", fmt.Errorf("unknown action %q", action)
+}
+
+// oom makes the kernel OOM-kill a task of the pod in the lab.
+func (o *Options) oom(ctx context.Context, cfg lab.Config, name string, w io.Writer) (string, error) {
+	if o.Kubeconfig == "" && os.Getenv("KUBECONFIG") == "" {
+		o.Kubeconfig = cfg.Kubeconfig()
+	}
+	cs, ns, err := o.client()
+	if err != nil {
+		return "", err
+	}
+	pod, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", fmt.Errorf("pod %s/%s not found", ns, name)
+	}
+	if err != nil {
+		return "", err
+	}
+	scope, whose := lab.OOMPodLimit, "the pod's own cgroup (as if it exceeded its memory limit)"
+	if o.Node {
+		scope, whose = lab.OOMNode, "the cgroup of all the pods of "+pod.Spec.NodeName+" (as if the node ran out of memory)"
+	}
+	res, err := cfg.OOM(ctx, pod, scope, o.Timeout)
+	if res.Cgroup != "" {
+		fmt.Fprintf(w, "oom: lowered the memory limit of %s, %s, to %s (its usage)\n", res.Cgroup, whose, mib(res.Limit))
+	}
+	if err != nil {
+		return "", err
+	}
+	if res.Kills == 0 {
+		return "", fmt.Errorf("no OOM kill in %s within %v: the pod did not allocate memory meanwhile (only a pod that allocates can be OOM-killed by a lower limit); the limit is restored to %s", res.Cgroup, o.Timeout, mib(res.Restored))
+	}
+	fmt.Fprintf(w, "oom: the kernel OOM-killed %d task(s) in %s after %v; the limit is restored to %s\n", res.Kills, res.Cgroup, res.Took.Round(1e6), mib(res.Restored))
+	return "nothing to undo: the limit is restored; the pod's controller replaces a pod that died", nil
+}
+
+// mib writes a byte count in MiB, or "no limit".
+func mib(b int64) string {
+	if b < 0 || b >= 1<<62 {
+		return "no limit"
+	}
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}

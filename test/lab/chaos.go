@@ -1,0 +1,389 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/coroner-dev/coroner/agent/kmsg"
+	"github.com/coroner-dev/coroner/test/host"
+)
+
+// The lab's node controls, for `coronerctl chaos` and the e2e suite (requirement L2): take
+// a node off the network and back, kill and restart its kubelet, and make the kernel's OOM
+// killer kill a pod, either because of its own memory limit or because its node ran out.
+// They act on this machine, so they need root and a lab that is up.
+
+// NodeNamed returns the lab node called name.
+func (c Config) NodeNamed(name string) (Node, error) {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n, nil
+		}
+	}
+	names := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		names[i] = n.Name
+	}
+	return Node{}, fmt.Errorf("%q is not a lab node (the lab's nodes: %s)", name, strings.Join(names, ", "))
+}
+
+// upState returns the state of a lab that is up, or an error that says how to get one.
+func (c Config) upState() (*State, error) {
+	if os.Geteuid() != 0 {
+		return nil, errNotRoot("this lab command")
+	}
+	st, err := loadState(c.statePath())
+	if err != nil {
+		return nil, err
+	}
+	if st == nil || st.Phase == phaseStarting {
+		return nil, fmt.Errorf("the lab is not up (no %s): start it with `make lab`", c.shortPath(c.statePath()))
+	}
+	return st, nil
+}
+
+// Partition takes the node off the network: the host end of its veth pair goes down, so
+// the node's kubelet, its agent and its pods reach neither the API server nor the other
+// nodes, while everything on it keeps running. The node controller marks it NotReady
+// (Ready=Unknown) and taints it node.kubernetes.io/unreachable after
+// --node-monitor-grace-period (20 s in the lab). Heal undoes it.
+func (c Config) Partition(node string) error { return c.setLink(node, false) }
+
+// Heal puts a partitioned node back on the network.
+func (c Config) Heal(node string) error { return c.setLink(node, true) }
+
+func (c Config) setLink(node string, up bool) error {
+	n, err := c.NodeNamed(node)
+	if err != nil {
+		return err
+	}
+	if _, err := c.upState(); err != nil {
+		return err
+	}
+	link, err := netlink.LinkByName(n.HostVeth)
+	if err != nil {
+		return fmt.Errorf("%s: link %s: %w", node, n.HostVeth, err)
+	}
+	if up {
+		err = netlink.LinkSetUp(link)
+	} else {
+		err = netlink.LinkSetDown(link)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: set link %s up=%v: %w", node, n.HostVeth, up, err)
+	}
+	return nil
+}
+
+// Partitioned reports whether the node's link is down.
+func (c Config) Partitioned(node string) (bool, error) {
+	n, err := c.NodeNamed(node)
+	if err != nil {
+		return false, err
+	}
+	link, err := netlink.LinkByName(n.HostVeth)
+	if err != nil {
+		return false, fmt.Errorf("%s: link %s: %w", node, n.HostVeth, err)
+	}
+	return link.Attrs().Flags&net.FlagUp == 0, nil
+}
+
+// KillKubelet kills the node's kubelet with SIGKILL, as a crash would: its containers keep
+// running (their shims belong to containerd), nothing reports the node's status, and the
+// node controller marks it NotReady after the grace period. StartKubelet undoes it. It
+// returns the killed kubelet's PID.
+func (c Config) KillKubelet(node string) (int, error) {
+	if _, err := c.NodeNamed(node); err != nil {
+		return 0, err
+	}
+	st, err := c.upState()
+	if err != nil {
+		return 0, err
+	}
+	p, ok := st.proc("kubelet-" + node)
+	if !ok || !p.running() {
+		return 0, fmt.Errorf("the kubelet of %s is not running (start it with `coronerctl chaos start-kubelet %s`)", node, node)
+	}
+	if err := syscall.Kill(p.PID, syscall.SIGKILL); err != nil {
+		return 0, fmt.Errorf("kill the kubelet of %s (pid %d): %w", node, p.PID, err)
+	}
+	if !host.WaitGone([]int{p.PID}, 5*time.Second) && p.running() {
+		return 0, fmt.Errorf("the kubelet of %s (pid %d) did not die", node, p.PID)
+	}
+	return p.PID, nil
+}
+
+// StartKubelet starts the node's kubelet again, with the configuration Up gave it, and
+// records it in the lab's state (so Down stops it). It returns the new kubelet's PID.
+func (c Config) StartKubelet(node string) (int, error) {
+	n, err := c.NodeNamed(node)
+	if err != nil {
+		return 0, err
+	}
+	st, err := c.upState()
+	if err != nil {
+		return 0, err
+	}
+	if p, ok := st.proc("kubelet-" + node); ok && p.running() {
+		return 0, fmt.Errorf("the kubelet of %s runs already (pid %d)", node, p.PID)
+	}
+	if err := c.startKubelet(st, n); err != nil {
+		return 0, err
+	}
+	p, _ := st.proc("kubelet-" + node)
+	return p.PID, nil
+}
+
+// OOMScope says whose memory runs out in OOM.
+type OOMScope string
+
+const (
+	// OOMPodLimit lowers the memory limit of the pod's own cgroup: the kernel reports the
+	// pod's cgroup as the one out of memory, as when a container exceeds its limit.
+	OOMPodLimit OOMScope = "pod"
+	// OOMNode lowers the memory limit of the node's kubepods cgroup, which holds every pod
+	// of the node: the kernel reports kubepods as the one out of memory, as when the node
+	// runs out and the OOM killer picks a pod.
+	OOMNode OOMScope = "node"
+)
+
+// OOMResult says what OOM did.
+type OOMResult struct {
+	// Cgroup is the memory cgroup whose limit was lowered, relative to the hierarchy root.
+	Cgroup string
+	// Limit is the limit set (bytes); Restored is the limit put back afterwards.
+	Limit, Restored int64
+	// Kills is how many tasks the OOM killer killed in Cgroup meanwhile, as far as seen
+	// when the first kill was (0 after a timeout).
+	Kills int64
+	// Took is the time from lowering the limit to the first kill (or the timeout).
+	Took time.Duration
+}
+
+// OOM makes the kernel's OOM killer kill a task of the pod, which must run on a lab node:
+// it lowers the memory limit of the pod's cgroup (scope OOMPodLimit) or of its node's
+// kubepods cgroup (OOMNode) to the memory in use, waits until the kernel has killed a task
+// in that cgroup or timeout has passed, and puts the limit back at once.
+//
+// Only a pod that allocates memory meanwhile gets killed (memory in use cannot be taken
+// back by lowering a limit: the kernel refuses a limit below it), so a pod that sleeps is
+// left alone and OOM says so. With OOMNode the kernel picks the victim among all the pods
+// of the node (the biggest, weighed by QoS class); the result says how many it killed.
+func (c Config) OOM(ctx context.Context, pod *corev1.Pod, scope OOMScope, timeout time.Duration) (OOMResult, error) {
+	if pod.Spec.NodeName == "" {
+		return OOMResult{}, fmt.Errorf("pod %s/%s is not on a node yet", pod.Namespace, pod.Name)
+	}
+	n, err := c.NodeNamed(pod.Spec.NodeName)
+	if err != nil {
+		return OOMResult{}, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	if _, err := c.upState(); err != nil {
+		return OOMResult{}, err
+	}
+	mem, err := memoryHierarchy()
+	if err != nil {
+		return OOMResult{}, err
+	}
+	kubepods := filepath.Join(n.Cgroup(), "kubepods")
+	var rel string
+	switch scope {
+	case OOMNode:
+		rel = kubepods
+	case OOMPodLimit:
+		if rel, err = mem.podCgroup(kubepods, string(pod.UID)); err != nil {
+			return OOMResult{}, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+	default:
+		return OOMResult{}, fmt.Errorf("unknown OOM scope %q (want %q or %q)", scope, OOMPodLimit, OOMNode)
+	}
+	return mem.squeeze(ctx, rel, timeout)
+}
+
+// memoryCgroups is the memory controller's hierarchy: cgroup v1's memory mount or the
+// unified cgroup v2 tree, with the file names of that version.
+type memoryCgroups struct {
+	root                      string
+	limitFile, usageFile      string
+	killsFile, killsFileLabel string
+	unlimited                 string
+}
+
+func memoryHierarchy() (memoryCgroups, error) {
+	mounts, err := host.CgroupMounts()
+	if err != nil {
+		return memoryCgroups{}, err
+	}
+	for _, m := range mounts {
+		if m.V2 {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(m.Path, "memory.limit_in_bytes")); err == nil {
+			return memoryCgroups{root: m.Path, limitFile: "memory.limit_in_bytes", usageFile: "memory.usage_in_bytes",
+				killsFile: "memory.oom_control", killsFileLabel: "oom_kill"}, nil
+		}
+	}
+	if host.UnifiedOnly(mounts) {
+		for _, m := range mounts {
+			if m.V2 {
+				return memoryCgroups{root: m.Path, limitFile: "memory.max", usageFile: "memory.current",
+					killsFile: "memory.events", killsFileLabel: "oom_kill", unlimited: "max"}, nil
+			}
+		}
+	}
+	return memoryCgroups{}, errors.New("no memory cgroup hierarchy on this machine")
+}
+
+// podCgroup finds the pod's cgroup under kubepods: kubepods/pod<uid> (Guaranteed),
+// kubepods/burstable/pod<uid> or kubepods/besteffort/pod<uid>.
+func (m memoryCgroups) podCgroup(kubepods, uid string) (string, error) {
+	for _, qos := range []string{"", "burstable", "besteffort"} {
+		rel := filepath.Join(kubepods, qos, "pod"+uid)
+		if fi, err := os.Stat(filepath.Join(m.root, rel)); err == nil && fi.IsDir() {
+			return rel, nil
+		}
+	}
+	return "", fmt.Errorf("no cgroup for pod uid %s under %s (is the pod running?)", uid, filepath.Join(m.root, kubepods))
+}
+
+func (m memoryCgroups) readInt(rel, file string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(m.root, rel, file))
+	if err != nil {
+		return 0, err
+	}
+	s := strings.TrimSpace(string(b))
+	if m.unlimited != "" && s == m.unlimited {
+		return -1, nil
+	}
+	return strconv.ParseInt(s, 10, 64)
+}
+
+// kills reads the OOM kill counters of the cgroup and of every cgroup below it (v1
+// memory.oom_control, v2 memory.events): the kernel counts a kill in the victim's own
+// cgroup (a container's), which v1 does not add up the tree.
+func (m memoryCgroups) kills(rel string) map[string]int64 {
+	counts := map[string]int64{}
+	_ = filepath.WalkDir(filepath.Join(m.root, rel), func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		b, err := os.ReadFile(filepath.Join(path, m.killsFile))
+		if err != nil {
+			return nil
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == m.killsFileLabel {
+				n, _ := strconv.ParseInt(f[1], 10, 64)
+				counts[path] = n
+			}
+		}
+		return nil
+	})
+	return counts
+}
+
+// newKills is how many kills after counts there are in before's cgroups (and new ones).
+func newKills(before, after map[string]int64) int64 {
+	var n int64
+	for path, c := range after {
+		n += max(0, c-before[path])
+	}
+	return n
+}
+
+func (m memoryCgroups) writeLimit(rel string, v int64) error {
+	s := strconv.FormatInt(v, 10)
+	if v < 0 && m.unlimited != "" {
+		s = m.unlimited
+	}
+	return os.WriteFile(filepath.Join(m.root, rel, m.limitFile), []byte(s), 0o644)
+}
+
+// squeeze sets the cgroup's limit to its usage (a little more when the kernel refuses:
+// usage moves), waits for an OOM kill in it, and restores the limit.
+func (m memoryCgroups) squeeze(ctx context.Context, rel string, timeout time.Duration) (res OOMResult, err error) {
+	res.Cgroup = rel
+	orig, err := m.readInt(rel, m.limitFile)
+	if err != nil {
+		return res, err
+	}
+	before := m.kills(rel)
+	// The kernel names the cgroup that ran out in its report; the counters are the
+	// fallback for a report the kernel rate-limited, or a kmsg this process cannot read.
+	reported := make(chan kmsg.OOMKill, 16)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	if f, err := kmsg.Open(kmsg.DevKmsg); err == nil {
+		go func() { _ = kmsg.NewReader(f, time.Time{}).Run(watchCtx, reported) }() // closes f when done
+	}
+	start := time.Now()
+	set := false
+	for margin := int64(0); margin <= 64<<20 && !set; margin = max(2*margin, 1<<20) {
+		usage, err := m.readInt(rel, m.usageFile)
+		if err != nil {
+			return res, err
+		}
+		res.Limit = usage + margin
+		if err := m.writeLimit(rel, res.Limit); err == nil {
+			set = true
+		} else if !errors.Is(err, syscall.EBUSY) {
+			return res, fmt.Errorf("lower the memory limit of %s: %w", rel, err)
+		}
+	}
+	defer func() {
+		if rerr := m.writeLimit(rel, orig); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("restore the memory limit of %s to %d: %w (write it by hand)", rel, orig, rerr))
+		}
+		res.Restored = orig
+	}()
+	if !set {
+		return res, fmt.Errorf("the kernel refused every limit up to 64 MiB above the usage of %s", rel)
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if n := newKills(before, m.kills(rel)); n > 0 {
+			res.Kills, res.Took = n, time.Since(start)
+			return res, nil
+		}
+		select {
+		case k := <-reported:
+			if k.OOMMemcg == "/"+rel {
+				res.Kills, res.Took = 1, time.Since(start)
+				return res, nil
+			}
+		case <-ctx.Done():
+			res.Took = time.Since(start)
+			return res, ctx.Err()
+		case <-deadline.C:
+			res.Took = time.Since(start)
+			return res, nil
+		case <-tick.C:
+		}
+	}
+}
+
+// proc returns the recorded process called name.
+func (s *State) proc(name string) (Proc, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := slices.IndexFunc(s.Processes, func(p Proc) bool { return p.Name == name })
+	if i < 0 {
+		return Proc{}, false
+	}
+	return s.Processes[i], true
+}
