@@ -10,7 +10,7 @@ PKGS_UNIT := ./cmd/... ./conditions/... ./shim/... ./agent/... ./cri/...
 PKGS_INTEGRATION := ./test/...
 MAINS    := coroner-shim coroner-agent coronerctl
 
-.PHONY: all build tools lint test test-unit test-integration fuzz bench-agent lab lab-down lab-status test-lab e2e-kind clean help FORCE
+.PHONY: all build tools lint test test-unit test-integration fuzz bench-agent lab lab-down lab-status test-lab e2e e2e-kind clean help FORCE
 
 all: build lint test
 
@@ -72,6 +72,12 @@ lab-status: $(LAB) ## the lab's processes, nodes and coroner's pods
 test-lab: ## e2e: lab up, 3 nodes Ready with a busybox pod each, lab down leaving nothing behind (root, ~1 min warm)
 	$(ROOT_CHECK)
 	CORONER_LAB_TEST=1 $(GOTEST) -v -timeout 30m ./test/lab/
+
+# The e2e suite uses the lab that is up, or brings one up and takes it down afterwards.
+# Its tests run in parallel (-parallel: more than the 2 cores, they mostly wait).
+e2e: build ## e2e suite on the lab: OOMs, evictions, preemption, drain, partition with real kubelets (root, ~4 min)
+	$(ROOT_CHECK)
+	CORONER_E2E=1 $(GOTEST) -v -timeout 30m -parallel 8 ./test/e2e/ $(E2E_ARGS)
 
 e2e-kind: ## coroner on a kind cluster: build images, deploy overlays/kind, smoke Job (needs Docker and kind; not in CI)
 	deploy/overlays/kind/e2e.sh

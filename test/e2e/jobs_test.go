@@ -1,0 +1,335 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/test/lab"
+	"github.com/coroner-dev/coroner/test/wrappers"
+)
+
+const hostnameLabel = "kubernetes.io/hostname"
+
+// job starts a Job for the shim: managed by coroner, one second of grace for its pods.
+func job(name, ns string) *wrappers.JobWrapper {
+	return wrappers.MakeJob(name, ns).ManagedBy(lab.ManagedBy).TerminationGracePeriodSeconds(1)
+}
+
+// onNode pins the Job's pods to a node.
+func onNode(j *batchv1.Job, node string) *batchv1.Job {
+	j.Spec.Template.Spec.NodeSelector = map[string]string{hostnameLabel: node}
+	return j
+}
+
+// withIgnoredCount gives the main container IGNORED: how many failures of the pod's index
+// the Job ignored so far (the annotation exists with backoffLimitPerIndex). A script that
+// misbehaves only while IGNORED is 0 fails once, and its replacement succeeds.
+func withIgnoredCount(j *batchv1.Job) *batchv1.Job {
+	c := &j.Spec.Template.Spec.Containers[0]
+	c.Env = append(c.Env, corev1.EnvVar{Name: "IGNORED", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{
+		FieldPath: "metadata.annotations['" + batchv1.JobIndexIgnoredFailureCountAnnotation + "']",
+	}}})
+	return j
+}
+
+// withFailureCount gives the main container FAILURES: the failures of the pod's index that
+// counted against backoffLimitPerIndex so far.
+func withFailureCount(j *batchv1.Job) *batchv1.Job {
+	c := &j.Spec.Template.Spec.Containers[0]
+	c.Env = append(c.Env, corev1.EnvVar{Name: "FAILURES", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{
+		FieldPath: "metadata.annotations['" + batchv1.JobIndexFailureCountAnnotation + "']",
+	}}})
+	return j
+}
+
+// withResources sets the main container's requests and limits, e.g. "cpu", "100m".
+func withResources(j *batchv1.Job, requests, limits corev1.ResourceList) *batchv1.Job {
+	c := &j.Spec.Template.Spec.Containers[0]
+	c.Resources = corev1.ResourceRequirements{Requests: requests, Limits: limits}
+	return j
+}
+
+func quantities(kv ...string) corev1.ResourceList {
+	l := corev1.ResourceList{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		l[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
+	}
+	return l
+}
+
+func createJob(ctx context.Context, t *testing.T, j *batchv1.Job) *batchv1.Job {
+	t.Helper()
+	got, err := suite.cs.BatchV1().Jobs(j.Namespace).Create(ctx, j, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create Job %s: %v", j.Name, err)
+	}
+	return got
+}
+
+// builtinCopy is the same Job for the built-in Job controller: no managedBy, "-builtin"
+// appended to its name.
+func builtinCopy(j *batchv1.Job) *batchv1.Job {
+	c := j.DeepCopy()
+	c.Name += "-builtin"
+	c.Spec.ManagedBy = nil
+	return c
+}
+
+// finished returns the Job's terminal condition (Complete or Failed), if any.
+func finished(j *batchv1.Job) *batchv1.JobCondition {
+	for i, c := range j.Status.Conditions {
+		if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
+			return &j.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// waitFinished waits until the Job is Complete or Failed and returns it.
+func waitFinished(ctx context.Context, t *testing.T, ns, name string, timeout time.Duration) *batchv1.Job {
+	t.Helper()
+	var j *batchv1.Job
+	err := poll(ctx, timeout, "Job "+ns+"/"+name+" to finish", func() (bool, error) {
+		var err error
+		j, err = suite.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
+		return err == nil && finished(j) != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, describe(ns, name))
+	}
+	return j
+}
+
+// outcome is what the suite compares between coroner and the built-in controller.
+type outcome struct {
+	Condition, Reason               string
+	Succeeded, Failed               int32
+	CompletedIndexes, FailedIndexes string
+	Active, Terminating, Uncounted  int
+}
+
+func outcomeOf(j *batchv1.Job) outcome {
+	o := outcome{
+		Succeeded: j.Status.Succeeded, Failed: j.Status.Failed,
+		CompletedIndexes: j.Status.CompletedIndexes, FailedIndexes: ptr.Deref(j.Status.FailedIndexes, ""),
+		Active: int(j.Status.Active), Terminating: int(ptr.Deref(j.Status.Terminating, 0)),
+	}
+	if u := j.Status.UncountedTerminatedPods; u != nil {
+		o.Uncounted = len(u.Succeeded) + len(u.Failed)
+	}
+	if c := finished(j); c != nil {
+		o.Condition, o.Reason = string(c.Type), c.Reason
+	}
+	return o
+}
+
+// runBoth creates the Job for coroner and its built-in copy, waits for both to finish and
+// fails the test when their outcomes differ. It returns coroner's Job.
+func runBoth(ctx context.Context, t *testing.T, j *batchv1.Job, timeout time.Duration) *batchv1.Job {
+	t.Helper()
+	b := builtinCopy(j)
+	createJob(ctx, t, j)
+	createJob(ctx, t, b)
+	got := waitFinished(ctx, t, j.Namespace, j.Name, timeout)
+	ref := waitFinished(ctx, t, b.Namespace, b.Name, timeout)
+	if o, r := outcomeOf(got), outcomeOf(ref); o != r {
+		t.Errorf("coroner and the built-in Job controller disagree on the same Job:\n  coroner:  %+v\n  built-in: %+v", o, r)
+	}
+	return got
+}
+
+// wantOutcome fails the test when the Job's outcome is not want.
+func wantOutcome(t *testing.T, j *batchv1.Job, want outcome) {
+	t.Helper()
+	if got := outcomeOf(j); got != want {
+		t.Errorf("Job %s: outcome\n  got  %+v\n  want %+v\n%s", j.Name, got, want, describe(j.Namespace, j.Name))
+	}
+}
+
+// jobPods lists the Job's pods, oldest first.
+func jobPods(ctx context.Context, t *testing.T, ns, name string) []corev1.Pod {
+	t.Helper()
+	l, err := suite.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + name})
+	if err != nil {
+		t.Fatalf("list the pods of Job %s: %v", name, err)
+	}
+	pods := l.Items
+	slices.SortFunc(pods, func(a, b corev1.Pod) int { return a.CreationTimestamp.Compare(b.CreationTimestamp.Time) })
+	return pods
+}
+
+// waitRunning waits until n pods of the Job run (every container started) and returns them.
+func waitRunning(ctx context.Context, t *testing.T, ns, name string, n int, timeout time.Duration) []corev1.Pod {
+	t.Helper()
+	var running []corev1.Pod
+	err := poll(ctx, timeout, fmt.Sprintf("%d running pods of Job %s", n, name), func() (bool, error) {
+		running = running[:0]
+		for _, p := range jobPods(ctx, t, ns, name) {
+			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && allStarted(&p) {
+				running = append(running, p)
+			}
+		}
+		return len(running) >= n, nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, describe(ns, name))
+	}
+	return running
+}
+
+func allStarted(p *corev1.Pod) bool {
+	for _, s := range p.Status.ContainerStatuses {
+		if s.State.Running == nil {
+			return false
+		}
+	}
+	return len(p.Status.ContainerStatuses) > 0
+}
+
+// pod gets a pod.
+func pod(ctx context.Context, t *testing.T, ns, name string) *corev1.Pod {
+	t.Helper()
+	p, err := suite.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get pod %s/%s: %v", ns, name, err)
+	}
+	return p
+}
+
+// condition returns the pod's condition of type ct, or nil.
+func condition(p *corev1.Pod, ct corev1.PodConditionType) *corev1.PodCondition {
+	for i, c := range p.Status.Conditions {
+		if c.Type == ct {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// wantCondition fails the test unless the pod has condition ct True with reason.
+func wantCondition(t *testing.T, p *corev1.Pod, ct corev1.PodConditionType, reason string) {
+	t.Helper()
+	c := condition(p, ct)
+	if c == nil || c.Status != corev1.ConditionTrue || c.Reason != reason {
+		t.Errorf("pod %s: condition %s = %+v, want True with reason %s", p.Name, ct, c, reason)
+	}
+}
+
+// wantNoCondition fails the test when the pod has condition ct True.
+func wantNoCondition(t *testing.T, p *corev1.Pod, ct corev1.PodConditionType) {
+	t.Helper()
+	if c := condition(p, ct); c != nil && c.Status == corev1.ConditionTrue {
+		t.Errorf("pod %s: unexpected condition %s True (%s: %s)", p.Name, ct, c.Reason, c.Message)
+	}
+}
+
+// terminated is the main container's last termination, or nil.
+func terminated(p *corev1.Pod) *corev1.ContainerStateTerminated {
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Name == wrappers.DefaultContainerName {
+			return s.State.Terminated
+		}
+	}
+	return nil
+}
+
+// waitPod waits until f holds for the pod (which may disappear: f gets nil then, and
+// waitPod returns nil).
+func waitPod(ctx context.Context, t *testing.T, ns, name, what string, timeout time.Duration, f func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	var p *corev1.Pod
+	err := poll(ctx, timeout, "pod "+name+": "+what, func() (bool, error) {
+		got, err := suite.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			p = nil
+		case err != nil:
+			return false, nil
+		default:
+			p = got
+		}
+		return f(p), nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, describe(ns, ""))
+	}
+	return p
+}
+
+// jobEvents returns the Job's Events as "Reason: message" lines.
+func jobEvents(ctx context.Context, t *testing.T, ns, name string) []string {
+	t.Helper()
+	l, err := suite.cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Job,involvedObject.name=" + name})
+	if err != nil {
+		t.Fatalf("events of Job %s: %v", name, err)
+	}
+	var lines []string
+	for _, e := range l.Items {
+		lines = append(lines, e.Reason+": "+e.Message)
+	}
+	return lines
+}
+
+// wantEvent fails the test unless the Job has an Event with reason whose message holds
+// every part.
+func wantEvent(ctx context.Context, t *testing.T, ns, name, reason string, parts ...string) {
+	t.Helper()
+	evs := jobEvents(ctx, t, ns, name)
+	for _, e := range evs {
+		if !strings.HasPrefix(e, reason+": ") {
+			continue
+		}
+		ok := true
+		for _, p := range parts {
+			ok = ok && strings.Contains(e, p)
+		}
+		if ok {
+			return
+		}
+	}
+	t.Errorf("Job %s: no %s Event with %q; Events:\n  %s", name, reason, parts, strings.Join(evs, "\n  "))
+}
+
+// describe is the Job's (or the namespace's) state for a failure message.
+func describe(ns, job string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	args := []string{"get", "jobs,pods", "-n", ns, "-o", "wide"}
+	out, _ := suite.cfg.Kubectl(ctx, nil, args...)
+	if job != "" {
+		d, _ := suite.cfg.Kubectl(ctx, nil, "describe", "job", "-n", ns, job)
+		out = append(out, d...)
+	}
+	return string(out)
+}
+
+// The pod conditions coroner stamps, for the tests' readability.
+var (
+	disruptionTarget = corev1.DisruptionTarget
+	oomKilled        = conditions.OOMKilled
+)
+
+func ptrQuantity(s string) *resource.Quantity {
+	q := resource.MustParse(s)
+	return &q
+}
+
+func podNames(pods []corev1.Pod) []string {
+	names := make([]string, len(pods))
+	for i, p := range pods {
+		names[i] = p.Name + "@" + p.Spec.NodeName
+	}
+	return names
+}

@@ -1,0 +1,193 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/coroner-dev/coroner/test/images"
+)
+
+// TestDisruptions runs the tests that disturb a node, one after the other (the parallel
+// tests meanwhile run on the quiet node): a node OOM on lab-node-2, a preemption on
+// lab-node-3, a drain, then lab-node-3 partitioned while lab-node-2's kubelet is killed.
+func TestDisruptions(t *testing.T) {
+	if suite.skip != "" {
+		t.Skip(suite.skip)
+	}
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"NodeOOMIgnored", nodeOOM},
+		{"PreemptionIgnored", preemption},
+		{"NodeDrained", drain},
+		{"NodeLoss", nodeLoss},
+	} {
+		if !t.Run(tc.name, tc.f) {
+			// A node left disturbed would fail the next test for the wrong reason.
+			t.Fatalf("%s failed: the rest of the chain is not run", tc.name)
+		}
+	}
+}
+
+// nodeLoss takes lab-node-3 off the network and kills lab-node-2's kubelet, with
+// `coronerctl chaos`, at the same time: the node controller marks both NotReady and taints
+// them unreachable; healed and restarted, both are Ready and untainted again.
+func nodeLoss(t *testing.T) {
+	for _, tc := range []struct {
+		node, break_, repair, undoHint string
+	}{
+		{busyNode, "partition", "heal", "coronerctl chaos heal " + busyNode},
+		{oomNode, "kill-kubelet", "start-kubelet", "coronerctl chaos start-kubelet " + oomNode},
+	} {
+		t.Run(tc.break_, func(t *testing.T) {
+			t.Parallel()
+			ctx, _ := setup(t, 4*time.Minute)
+			out := coronerctl(ctx, t, "chaos", tc.break_, tc.node)
+			if !strings.Contains(out, tc.undoHint) {
+				t.Errorf("coronerctl chaos %s did not say how to undo it (%q):\n%s", tc.break_, tc.undoHint, out)
+			}
+			repaired := false
+			t.Cleanup(func() {
+				if !repaired {
+					coronerctl(context.Background(), t, "chaos", tc.repair, tc.node)
+				}
+			})
+			start := time.Now()
+			waitNode(ctx, t, tc.node, "NotReady and tainted unreachable", 90*time.Second, func(n *corev1.Node) bool {
+				return readyStatus(n) == corev1.ConditionUnknown &&
+					hasTaint(n, corev1.TaintNodeUnreachable, corev1.TaintEffectNoSchedule) &&
+					hasTaint(n, corev1.TaintNodeUnreachable, corev1.TaintEffectNoExecute)
+			})
+			t.Logf("%s: NotReady and tainted unreachable %v after %s", tc.node, time.Since(start).Round(100*time.Millisecond), tc.break_)
+
+			coronerctl(ctx, t, "chaos", tc.repair, tc.node)
+			repaired = true
+			start = time.Now()
+			waitNode(ctx, t, tc.node, "Ready without the unreachable taint", 90*time.Second, func(n *corev1.Node) bool {
+				return readyStatus(n) == corev1.ConditionTrue && !hasTaint(n, corev1.TaintNodeUnreachable, "")
+			})
+			t.Logf("%s: Ready again %v after %s", tc.node, time.Since(start).Round(100*time.Millisecond), tc.repair)
+		})
+	}
+}
+
+func waitNode(ctx context.Context, t *testing.T, name, what string, timeout time.Duration, f func(*corev1.Node) bool) {
+	t.Helper()
+	var last *corev1.Node
+	err := poll(ctx, timeout, name+" "+what, func() (bool, error) {
+		n, err := suite.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = n
+		return f(n), nil
+	})
+	if err != nil {
+		t.Fatalf("%v; last seen: Ready=%s taints=%v", err, readyStatus(last), taints(last))
+	}
+}
+
+func readyStatus(n *corev1.Node) corev1.ConditionStatus {
+	if n == nil {
+		return ""
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status
+		}
+	}
+	return ""
+}
+
+// hasTaint reports whether the node has the taint key with effect (any effect when "").
+func hasTaint(n *corev1.Node, key string, effect corev1.TaintEffect) bool {
+	for _, tn := range n.Spec.Taints {
+		if tn.Key == key && (effect == "" || tn.Effect == effect) {
+			return true
+		}
+	}
+	return false
+}
+
+func taints(n *corev1.Node) []string {
+	if n == nil {
+		return nil
+	}
+	var s []string
+	for _, tn := range n.Spec.Taints {
+		s = append(s, tn.Key+":"+string(tn.Effect))
+	}
+	return s
+}
+
+// The agent's credentials are those of its pod, bound to its node: the admission policy
+// lets it write the status of a pod on its own node and refuses a pod on another node,
+// with a message that says so.
+func TestAgentRefusedOnAnotherNode(t *testing.T) {
+	t.Parallel()
+	ctx, ns := setup(t, 2*time.Minute)
+	agents, err := suite.cs.CoreV1().Pods("coroner-system").List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=coroner-agent", FieldSelector: "spec.nodeName=" + quietNode,
+	})
+	if err != nil || len(agents.Items) != 1 {
+		t.Fatalf("the agent pod on %s: %v (%d found)", quietNode, err, len(agents.Items))
+	}
+	agent := agents.Items[0]
+	tr, err := suite.cs.CoreV1().ServiceAccounts(agent.Namespace).CreateToken(ctx, agent.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			ExpirationSeconds: ptr.To[int64](600),
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: agent.Name, UID: agent.UID},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a token of %s bound to %s: %v", agent.Spec.ServiceAccountName, agent.Name, err)
+	}
+	asAgent := rest.AnonymousClientConfig(suite.rest)
+	asAgent.BearerToken = tr.Status.Token
+	agentCS, err := kubernetes.NewForConfig(asAgent)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	stamp := []byte(`{"status":{"conditions":[{"type":"DisruptionTarget","status":"True","reason":"TerminationByKubelet","message":"e2e: written with the agent's token"}]}}`)
+	for _, tc := range []struct {
+		node    string
+		allowed bool
+	}{{quietNode, true}, {oomNode, false}} {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "on-" + tc.node, Namespace: ns},
+			Spec: corev1.PodSpec{
+				NodeName: tc.node, TerminationGracePeriodSeconds: ptr.To[int64](1),
+				Containers: []corev1.Container{{Name: "main", Image: images.BusyboxName, ImagePullPolicy: corev1.PullNever, Command: []string{"sleep", "600"}}},
+			},
+		}
+		if _, err := suite.cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := agentCS.CoreV1().Pods(ns).Patch(ctx, p.Name, types.StrategicMergePatchType, stamp,
+			metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+		switch {
+		case tc.allowed && err != nil:
+			t.Errorf("the agent of %s patching a pod on its own node: %v", quietNode, err)
+		case !tc.allowed && !apierrors.IsForbidden(err):
+			t.Errorf("the agent of %s patching a pod on %s: err %v, want Forbidden", quietNode, tc.node, err)
+		case !tc.allowed && !strings.Contains(err.Error(), "may only write pods bound to its own node"):
+			t.Errorf("refused, but the message does not say why: %v", err)
+		case !tc.allowed:
+			t.Logf("refused as it should be: %v", err)
+		}
+	}
+}
