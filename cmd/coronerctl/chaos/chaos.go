@@ -11,7 +11,8 @@ import (
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/coroner-dev/coroner/cmd/internal/cli"
 )
 
 // Usage is the summary of `coronerctl chaos --help`.
@@ -137,22 +138,7 @@ func (o *Options) Run(ctx context.Context, args []string, w io.Writer) error {
 
 // client returns a clientset and the namespace of -n or the kubeconfig context.
 func (o *Options) client() (kubernetes.Interface, string, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = o.Kubeconfig
-	overrides := &clientcmd.ConfigOverrides{CurrentContext: o.Context}
-	overrides.Context.Namespace = o.Namespace
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
-	cfg, err := cc.ClientConfig()
-	if err != nil {
-		return nil, "", fmt.Errorf("loading the client configuration: %w", err)
-	}
-	ns, _, err := cc.Namespace()
-	if err != nil {
-		return nil, "", err
-	}
-	cfg.UserAgent = "coronerctl-chaos"
-	cs, err := kubernetes.NewForConfig(cfg)
-	return cs, ns, err
+	return cli.UserClient(o.Kubeconfig, o.Context, o.Namespace, "coronerctl-chaos")
 }
 
 func (o *Options) runCluster(ctx context.Context, action, target string, w io.Writer) (string, error) {

@@ -22,7 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/coroner-dev/coroner/cmd/internal/cli"
 )
 
 // Options are the flags of `coronerctl explain`.
@@ -44,21 +45,7 @@ func (o *Options) Run(ctx context.Context, args []string, w io.Writer) error {
 	if len(args) != 2 || (args[0] != "job" && args[0] != "jobs" && args[0] != "job.batch") {
 		return errors.New("usage: coronerctl explain job NAME [-n NAMESPACE]")
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = o.Kubeconfig
-	overrides := &clientcmd.ConfigOverrides{CurrentContext: o.Context}
-	overrides.Context.Namespace = o.Namespace
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
-	cfg, err := cc.ClientConfig()
-	if err != nil {
-		return fmt.Errorf("loading the client configuration: %w", err)
-	}
-	ns, _, err := cc.Namespace()
-	if err != nil {
-		return err
-	}
-	cfg.UserAgent = "coronerctl"
-	client, err := kubernetes.NewForConfig(cfg)
+	client, ns, err := cli.UserClient(o.Kubeconfig, o.Context, o.Namespace, "coronerctl")
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -69,4 +70,27 @@ func RESTConfig(kubeconfig string, qps float32, burst int, userAgent string) (*r
 	cfg.QPS, cfg.Burst = qps, burst
 	cfg.UserAgent = userAgent
 	return cfg, nil
+}
+
+// UserClient is how a command-line tool (coronerctl) finds its cluster, as kubectl does:
+// the kubeconfig file given, else $KUBECONFIG, else ~/.kube/config, with the context and
+// namespace given or the kubeconfig's current ones (namespace "default" when it has none).
+// It returns a clientset and the namespace.
+func UserClient(kubeconfig, context, namespace, userAgent string) (kubernetes.Interface, string, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	overrides := &clientcmd.ConfigOverrides{CurrentContext: context}
+	overrides.Context.Namespace = namespace
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("loading the client configuration: %w", err)
+	}
+	ns, _, err := cc.Namespace()
+	if err != nil {
+		return nil, "", err
+	}
+	cfg.UserAgent = userAgent
+	cs, err := kubernetes.NewForConfig(cfg)
+	return cs, ns, err
 }
