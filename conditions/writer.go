@@ -122,10 +122,10 @@ func EnsurePodPhase(ctx context.Context, c PodPatcher, pod *corev1.Pod, phase co
 }
 
 // EnsurePodAnnotation makes pod carry annotation key=value. When it already
-// does, no API call is made. Otherwise one JSON merge patch goes to the pod
-// (not a subresource) with just that annotation and the pod's uid and
-// resourceVersion as preconditions; conflicts, retries and errors are as for
-// EnsurePodCondition.
+// does, no API call is made. Otherwise one JSON merge patch goes to the pod's
+// status subresource (which stores metadata changes too, and is all the agent
+// may patch) with just that annotation and the pod's uid and resourceVersion as
+// preconditions; conflicts, retries and errors are as for EnsurePodCondition.
 func EnsurePodAnnotation(ctx context.Context, c PodPatcher, pod *corev1.Pod, key, value string) (changed bool, err error) {
 	if key == "" {
 		return false, errors.New("conditions: annotation key is empty")
@@ -135,7 +135,7 @@ func EnsurePodAnnotation(ctx context.Context, c PodPatcher, pod *corev1.Pod, key
 			return nil, nil
 		}
 		return json.Marshal(podPatch{Metadata: preconditions(cur, map[string]string{key: value})})
-	}, types.MergePatchType)
+	}, types.MergePatchType, "status")
 }
 
 // write is the write discipline shared by the Ensure functions. compute gets

@@ -377,12 +377,12 @@ func TestWriters(t *testing.T) {
 			wantChanged: false,
 		},
 		{
-			name:        "new annotation: one merge patch on the pod itself",
+			name:        "new annotation: one merge patch on the pod's status (it stores metadata too)",
 			stored:      runningPod(),
 			call:        ensureAnnotation(AnnotationExitHistory, `[{"c":"main","code":3}]`),
 			wantChanged: true,
 			wantPatches: []recordedPatch{{ns, pod, types.MergePatchType,
-				`{"metadata":{"annotations":{"coroner.dev/exit-history":"[{\"c\":\"main\",\"code\":3}]"},"resourceVersion":"10","uid":"uid-1"}}`, nil}},
+				`{"metadata":{"annotations":{"coroner.dev/exit-history":"[{\"c\":\"main\",\"code\":3}]"},"resourceVersion":"10","uid":"uid-1"}}`, statusSub}},
 			check: func(t *testing.T, p *corev1.Pod) {
 				want := map[string]string{"owner": "someone", AnnotationExitHistory: `[{"c":"main","code":3}]`}
 				if diff := cmp.Diff(want, p.Annotations); diff != "" {
@@ -398,8 +398,8 @@ func TestWriters(t *testing.T) {
 			wantChanged: true,
 			wantGets:    1,
 			wantPatches: []recordedPatch{
-				{ns, pod, types.MergePatchType, `{"metadata":{"annotations":{"owner":"coroner"},"resourceVersion":"10","uid":"uid-1"}}`, nil},
-				{ns, pod, types.MergePatchType, `{"metadata":{"annotations":{"owner":"coroner"},"resourceVersion":"101","uid":"uid-1"}}`, nil},
+				{ns, pod, types.MergePatchType, `{"metadata":{"annotations":{"owner":"coroner"},"resourceVersion":"10","uid":"uid-1"}}`, statusSub},
+				{ns, pod, types.MergePatchType, `{"metadata":{"annotations":{"owner":"coroner"},"resourceVersion":"101","uid":"uid-1"}}`, statusSub},
 			},
 		},
 		{
@@ -408,7 +408,7 @@ func TestWriters(t *testing.T) {
 			call:        ensureAnnotation(AnnotationSafeToForcefullyDelete, ""),
 			wantChanged: true,
 			wantPatches: []recordedPatch{{ns, pod, types.MergePatchType,
-				`{"metadata":{"annotations":{"coroner.dev/safe-to-forcefully-delete":""},"resourceVersion":"10","uid":"uid-1"}}`, nil}},
+				`{"metadata":{"annotations":{"coroner.dev/safe-to-forcefully-delete":""},"resourceVersion":"10","uid":"uid-1"}}`, statusSub}},
 		},
 	}
 	for _, tc := range cases {

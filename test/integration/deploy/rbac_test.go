@@ -35,7 +35,7 @@ func TestLeastPrivilege(t *testing.T) {
 		{agentSA, access{verb: "watch", resource: "pods"}, true},
 		{agentSA, access{verb: "get", resource: "pods", namespace: other}, true},
 		{agentSA, access{verb: "patch", resource: "pods", subresource: "status", namespace: other}, true},
-		{agentSA, access{verb: "patch", resource: "pods", namespace: other}, true},
+		{agentSA, access{verb: "patch", resource: "pods", namespace: other}, false},
 		{agentSA, access{verb: "update", resource: "pods", subresource: "status", namespace: other}, false},
 		{agentSA, access{verb: "update", resource: "pods", namespace: other}, false},
 		{agentSA, access{verb: "delete", resource: "pods", namespace: other}, false},
