@@ -44,6 +44,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/coroner-dev/coroner/test/host"
+	"github.com/coroner-dev/coroner/test/pki"
 )
 
 // KubeVersion is the Kubernetes version test/tools/build.sh builds.
@@ -77,7 +78,7 @@ type Env struct {
 	StartupTime time.Duration
 
 	binDir string
-	ca     *CA
+	ca     *pki.CA
 	keep   bool
 	mu     sync.Mutex
 	procs  []*host.Process // in start order; stopped in reverse
@@ -192,12 +193,12 @@ func start(binDir string, opts Options) (_ *Env, err error) {
 
 type pkiFiles struct {
 	caFile, servingCert, servingKey, saKey string
-	admin                                  KeyPair
+	admin                                  pki.KeyPair
 }
 
 func (e *Env) writePKI() (pkiFiles, error) {
 	var f pkiFiles
-	ca, err := NewCA("coroner-harness-ca")
+	ca, err := pki.NewCA("coroner-harness-ca", 24*time.Hour)
 	if err != nil {
 		return f, err
 	}
@@ -206,7 +207,7 @@ func (e *Env) writePKI() (pkiFiles, error) {
 	if err := os.WriteFile(f.caFile, ca.PEM, 0o600); err != nil {
 		return f, err
 	}
-	serving, err := ca.Issue(CertRequest{
+	serving, err := ca.Issue(pki.CertRequest{
 		CommonName: "kube-apiserver",
 		IPs:        []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")},
 		DNSNames:   []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
@@ -218,10 +219,10 @@ func (e *Env) writePKI() (pkiFiles, error) {
 	if f.servingCert, f.servingKey, err = serving.WriteFiles(e.Dir, "apiserver"); err != nil {
 		return f, err
 	}
-	if f.admin, err = ca.Issue(CertRequest{CommonName: "harness-admin", Organization: []string{"system:masters"}}); err != nil {
+	if f.admin, err = ca.Issue(pki.CertRequest{CommonName: "harness-admin", Organization: []string{"system:masters"}}); err != nil {
 		return f, err
 	}
-	saKey, err := NewServiceAccountKey()
+	saKey, err := pki.NewServiceAccountKey()
 	if err != nil {
 		return f, err
 	}

@@ -32,7 +32,7 @@ func TestNodes(t *testing.T) {
 func TestNodeConfigs(t *testing.T) {
 	cfg := ConfigFor("/repo")
 	n := cfg.Nodes[1]
-	p := &pki{dir: "/repo/_output/lab/pki"}
+	p := &clusterPKI{dir: "/repo/_output/lab/pki"}
 
 	var kubelet map[string]any
 	if err := yaml.Unmarshal([]byte(cfg.kubeletConfig(n, p)), &kubelet); err != nil {

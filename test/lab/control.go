@@ -15,27 +15,29 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/coroner-dev/coroner/test/pki"
 )
 
 // writePKI creates the CA and every certificate and kubeconfig of the cluster.
-func (c Config) writePKI() (*pki, error) {
-	p, err := newPKI(c.pkiDir())
+func (c Config) writePKI() (*clusterPKI, error) {
+	p, err := newClusterPKI(c.pkiDir())
 	if err != nil {
 		return nil, err
 	}
 	if err := p.newServiceAccountKey(); err != nil {
 		return nil, err
 	}
-	if _, _, _, _, err := p.issue("apiserver", certRequest{
-		cn:     "kube-apiserver",
-		ips:    []net.IP{net.ParseIP(APIServerIP), net.ParseIP(bridgeIP), net.ParseIP("127.0.0.1")},
-		dns:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-		server: true,
+	if _, err := p.issue("apiserver", pki.CertRequest{
+		CommonName: "kube-apiserver",
+		IPs:        []net.IP{net.ParseIP(APIServerIP), net.ParseIP(bridgeIP), net.ParseIP("127.0.0.1")},
+		DNSNames:   []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+		Server:     true,
 	}); err != nil {
 		return nil, err
 	}
 	// The API server's client certificate towards the kubelets (logs, exec, port-forward).
-	if _, _, _, _, err := p.issue("apiserver-kubelet-client", certRequest{cn: "kube-apiserver-kubelet-client", orgs: []string{"system:masters"}}); err != nil {
+	if _, err := p.issue("apiserver-kubelet-client", pki.CertRequest{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}}); err != nil {
 		return nil, err
 	}
 	kubeconfigs := []struct{ file, cn, org string }{
@@ -46,8 +48,8 @@ func (c Config) writePKI() (*pki, error) {
 	for _, n := range c.Nodes {
 		kubeconfigs = append(kubeconfigs, struct{ file, cn, org string }{
 			filepath.Join(p.dir, n.Name+".kubeconfig"), "system:node:" + n.Name, "system:nodes"})
-		if _, _, _, _, err := p.issue(n.Name+"-serving", certRequest{
-			cn: n.Name, ips: []net.IP{n.IP}, dns: []string{n.Name}, server: true,
+		if _, err := p.issue(n.Name+"-serving", pki.CertRequest{
+			CommonName: n.Name, IPs: []net.IP{n.IP}, DNSNames: []string{n.Name}, Server: true,
 		}); err != nil {
 			return nil, err
 		}
@@ -87,7 +89,7 @@ func (c Config) startEtcd(ctx context.Context, st *State) error {
 }
 
 // startAPIServer starts kube-apiserver on APIServerIP:APIServerPort and waits for /readyz.
-func (c Config) startAPIServer(ctx context.Context, st *State, p *pki) error {
+func (c Config) startAPIServer(ctx context.Context, st *State, p *clusterPKI) error {
 	d := p.dir
 	proc, err := c.startControl(st, "kube-apiserver",
 		"--etcd-servers=http://"+hostPort(EtcdClientPort),
@@ -142,7 +144,7 @@ func (c Config) startAPIServer(ctx context.Context, st *State, p *pki) error {
 
 // startControllers starts kube-controller-manager and kube-scheduler and waits until both
 // answer on their secure ports.
-func (c Config) startControllers(ctx context.Context, st *State, p *pki) error {
+func (c Config) startControllers(ctx context.Context, st *State, p *clusterPKI) error {
 	kcmKC := filepath.Join(p.dir, "controller-manager.kubeconfig")
 	kcm, err := c.startControl(st, "kube-controller-manager",
 		"--kubeconfig="+kcmKC,

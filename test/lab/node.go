@@ -21,7 +21,7 @@ import (
 )
 
 // prepareNode makes the node's directories, cgroup and configuration files.
-func (c Config) prepareNode(st *State, n Node, p *pki) error {
+func (c Config) prepareNode(st *State, n Node, p *clusterPKI) error {
 	dir, run := c.nodeDir(n), c.nodeRunDir(n)
 	for _, d := range []string{dir, filepath.Join(dir, "cni"), filepath.Join(dir, "kubelet"), filepath.Join(dir, "pod-logs"), run} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -93,7 +93,7 @@ func cniConfig(n Node, ipamDir string) string {
 // webhook authentication and authorization with the cluster CA, fast status updates, volume
 // usage measured every 5 s (not every minute, so an emptyDir over its sizeLimit is evicted
 // within seconds), and no image garbage collection (imported images cannot be pulled again).
-func (c Config) kubeletConfig(n Node, p *pki) string {
+func (c Config) kubeletConfig(n Node, p *clusterPKI) string {
 	dir := c.nodeDir(n)
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration

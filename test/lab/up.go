@@ -77,7 +77,7 @@ func (c Config) upFrom(ctx context.Context, st *State, resume bool) error {
 		fmt.Fprintf(w, "coroner lab: up (%d nodes, Kubernetes v1.36.3, containerd from the host) in %s\n", len(c.Nodes), c.shortPath(c.Dir))
 	}
 	var imgs []images.Image
-	var p *pki
+	var p *clusterPKI
 	fail := func(err error) error {
 		fmt.Fprintf(w, "\ncoroner lab: up failed after %s\n", seconds(pr.elapsed()))
 		if st != nil {
@@ -226,7 +226,7 @@ func (c Config) upFrom(ctx context.Context, st *State, resume bool) error {
 
 // startNodes prepares and starts every node: containerds and image imports in parallel,
 // then the kubelets.
-func (c Config) startNodes(ctx context.Context, st *State, p *pki, imgs []images.Image, say func(string, ...any)) error {
+func (c Config) startNodes(ctx context.Context, st *State, p *clusterPKI, imgs []images.Image, say func(string, ...any)) error {
 	changed, err := makeRShared(cgroupFSRoot)
 	if err != nil {
 		return err
