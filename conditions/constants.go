@@ -96,6 +96,8 @@ const (
 	// deadline plus a margin), so the pod's containers are known to be
 	// stopped and recovery did not wait for the threshold (Z2).
 	ReasonNodeFenced = "NodeFenced"
+	// ReasonNodeDeleted: the pod was bound to a node that no longer exists (Z3).
+	ReasonNodeDeleted = "NodeDeleted"
 )
 
 // Pod annotations.

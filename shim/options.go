@@ -25,19 +25,25 @@ type Options struct {
 	Burst      int
 	Workers    int
 
-	LeaderElect       bool
-	LeaseNamespace    string
-	LeaseName         string
-	LeaseDuration     time.Duration
-	RenewDeadline     time.Duration
-	RetryPeriod       time.Duration
-	MetricsAddress    string
-	HealthAddress     string
-	ShutdownGrace     time.Duration
-	PodBackoffBase    time.Duration
-	PodBackoffMax     time.Duration
-	ZombieThreshold   time.Duration
-	OrphanGracePeriod time.Duration
+	LeaderElect     bool
+	LeaseNamespace  string
+	LeaseName       string
+	LeaseDuration   time.Duration
+	RenewDeadline   time.Duration
+	RetryPeriod     time.Duration
+	MetricsAddress  string
+	HealthAddress   string
+	ShutdownGrace   time.Duration
+	PodBackoffBase  time.Duration
+	PodBackoffMax   time.Duration
+	ZombieThreshold time.Duration
+	// AgentNamespace is where the agents' fencing Leases are (Z2); FenceMargin is added
+	// to an agent's fence-after before its silence counts as fenced.
+	AgentNamespace string
+	FenceMargin    time.Duration
+	// StaleDisruptionAfter is how long DisruptionTarget may stay True on a pod that is not
+	// deleted before the shim clears it (Z4).
+	StaleDisruptionAfter time.Duration
 }
 
 // NewOptions returns the defaults.
@@ -63,6 +69,10 @@ func NewOptions() *Options {
 		PodBackoffBase:  10 * time.Second,
 		PodBackoffMax:   10 * time.Minute,
 		ZombieThreshold: 60 * time.Second,
+		AgentNamespace:  ns,
+		FenceMargin:     15 * time.Second,
+
+		StaleDisruptionAfter: 2 * time.Minute,
 	}
 }
 
@@ -84,7 +94,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace-period", o.ShutdownGrace, "How long to let in-flight syncs finish after SIGTERM.")
 	fs.DurationVar(&o.PodBackoffBase, "pod-failure-backoff-base", o.PodBackoffBase, "First delay before a failed pod is replaced; it doubles with each further failure (S4, S6).")
 	fs.DurationVar(&o.PodBackoffMax, "pod-failure-backoff-max", o.PodBackoffMax, "Upper bound of the replacement delay.")
-	fs.DurationVar(&o.ZombieThreshold, "zombie-threshold", o.ZombieThreshold, "How long an opted-in pod may stay terminating on an unreachable node before it is failed and force-deleted (Z1).")
+	fs.DurationVar(&o.ZombieThreshold, "zombie-threshold", o.ZombieThreshold, "How long after its deletion time an opted-in pod (annotation coroner.dev/safe-to-forcefully-delete or Kueue's) may stay terminating on an unreachable node before it is failed and force-deleted (Z1).")
+	fs.StringVar(&o.AgentNamespace, "agent-namespace", o.AgentNamespace, "Namespace of coroner-agent's fencing Leases (coroner-agent-<node>); default $POD_NAMESPACE, else coroner-system (Z2).")
+	fs.DurationVar(&o.FenceMargin, "fence-margin", o.FenceMargin, "Added to an agent's --fence-after before a node whose agent stopped renewing its Lease counts as fenced, and its opted-in pods are recovered without waiting (Z2): clock skew, the agent's relist period, the time to stop containers.")
+	fs.DurationVar(&o.StaleDisruptionAfter, "stale-disruption-after", o.StaleDisruptionAfter, "How long DisruptionTarget=True may stay on a pod that is not being deleted before the shim sets it False (Z4).")
 }
 
 // Validate reports every invalid option at once.
@@ -120,8 +133,17 @@ func (o *Options) Validate() error {
 	if o.PodBackoffBase <= 0 || o.PodBackoffMax < o.PodBackoffBase {
 		errs = append(errs, fmt.Errorf("--pod-failure-backoff-base=%v, --pod-failure-backoff-max=%v: need 0 < base <= max", o.PodBackoffBase, o.PodBackoffMax))
 	}
-	if o.ZombieThreshold < 0 {
-		errs = append(errs, fmt.Errorf("--zombie-threshold=%v: must not be negative", o.ZombieThreshold))
+	if o.FenceMargin <= 0 {
+		errs = append(errs, fmt.Errorf("--fence-margin=%v: must be positive (clocks differ)", o.FenceMargin))
+	}
+	if o.StaleDisruptionAfter <= 0 {
+		errs = append(errs, fmt.Errorf("--stale-disruption-after=%v: must be positive", o.StaleDisruptionAfter))
+	}
+	if o.AgentNamespace == "" {
+		errs = append(errs, errors.New("--agent-namespace must not be empty"))
+	}
+	if o.ZombieThreshold <= 0 {
+		errs = append(errs, fmt.Errorf("--zombie-threshold=%v: must be positive", o.ZombieThreshold))
 	}
 	return errors.Join(errs...)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/shim/recovery"
 )
 
 // ServerCheckTimeout bounds the check, at start, that the API server answers.
@@ -67,6 +68,12 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		Backoff:   backoff.Policy{Base: opts.PodBackoffBase, Max: opts.PodBackoffMax},
 		Workers:   opts.Workers,
 		Metrics:   m,
+		Recovery: recovery.Config{
+			Threshold:   opts.ZombieThreshold,
+			FenceMargin: opts.FenceMargin,
+			StaleAfter:  opts.StaleDisruptionAfter,
+		},
+		AgentNamespace: opts.AgentNamespace,
 	})
 
 	var leading, standingBy atomic.Bool

@@ -40,6 +40,7 @@ import (
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/jobsync"
 	"github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/shim/recovery"
 )
 
 // Defaults of Config.
@@ -79,6 +80,12 @@ type Config struct {
 	// Recorder emits Events on Jobs; nil means one built from the client, with
 	// source component "coroner-shim".
 	Recorder record.EventRecorder
+	// Recovery holds the times of node-failure recovery (Z1-Z4); zero fields take the
+	// package recovery's defaults.
+	Recovery recovery.Config
+	// AgentNamespace is where coroner-agent's fencing Leases are; default
+	// "coroner-system".
+	AgentNamespace string
 }
 
 // Controller syncs the Jobs managed by Config.ManagedBy. Create it with New.
@@ -100,11 +107,16 @@ type Controller struct {
 	jobLister              batchlisters.JobLister
 	podLister              corelisters.PodLister
 	podIndexer             cache.Indexer
+	recoveryListers
+	// patcher writes pod status (recovery).
+	patcher conditions.PodPatcher
 
 	// queue holds Job keys (namespace/name) to sync; orphanQueue holds pod keys whose
 	// tracking finalizer may have to go because their Job is gone.
 	queue       workqueue.TypedRateLimitingInterface[string]
 	orphanQueue workqueue.TypedRateLimitingInterface[string]
+	// recoveryQueue holds pod keys to check for node-failure recovery (recovery.go).
+	recoveryQueue workqueue.TypedRateLimitingInterface[string]
 
 	expectations *expectations
 
@@ -125,6 +137,9 @@ type Controller struct {
 	// deletedJobs are the UIDs of Jobs whose delete event this process saw, with when
 	// (see jobGone).
 	deletedJobs map[types.UID]time.Time
+	// nodesMissing are the nodes the API server said do not exist, with when it first
+	// said so (orphan quarantine, recovery.go).
+	nodesMissing map[string]time.Time
 
 	// syncJob is jobsync.Sync; tests replace it with a canned Plan.
 	syncJob func(jobsync.Input) jobsync.Plan
@@ -151,6 +166,9 @@ func New(client kubernetes.Interface, cfg Config) *Controller {
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.New(prometheus.NewRegistry())
 	}
+	if cfg.AgentNamespace == "" {
+		cfg.AgentNamespace = "coroner-system"
+	}
 	c := &Controller{
 		client:                client,
 		cfg:                   cfg,
@@ -163,8 +181,10 @@ func New(client kubernetes.Interface, cfg Config) *Controller {
 		managed:               map[string]struct{}{},
 		finishedWithFinalizer: map[types.UID]struct{}{},
 		deletedJobs:           map[types.UID]time.Time{},
+		nodesMissing:          map[string]time.Time{},
 		syncJob:               jobsync.Sync,
 		logger:                klog.Background(),
+		patcher:               conditions.NewPodPatcher(client, Component),
 	}
 	if c.recorder == nil {
 		c.broadcaster = record.NewBroadcaster()
@@ -176,6 +196,9 @@ func New(client kubernetes.Interface, cfg Config) *Controller {
 	c.orphanQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](retryBase, retryMax),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "coroner_orphan_pod", Clock: cfg.Clock})
+	c.recoveryQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](retryBase, retryMax),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "coroner_recovery_pod", Clock: cfg.Clock})
 
 	// Jobs: all of them (spec.managedBy cannot be selected on). Pods: only those that
 	// carry a Job controller UID label, which every Job's pod has.
@@ -206,6 +229,7 @@ func New(client kubernetes.Interface, cfg Config) *Controller {
 	}); err != nil {
 		panic(fmt.Sprintf("adding the Pod event handler: %v", err))
 	}
+	c.setupRecovery()
 	return c
 }
 
@@ -223,9 +247,9 @@ func indexByControllerUID(obj any) ([]string, error) {
 	return []string{string(ref.UID)}, nil
 }
 
-// HasSynced reports whether the Job and Pod informers have synced (for /readyz).
+// HasSynced reports whether the informers have synced (for /readyz).
 func (c *Controller) HasSynced() bool {
-	return c.jobInformer.HasSynced() && c.podInformer.HasSynced()
+	return c.jobInformer.HasSynced() && c.podInformer.HasSynced() && c.nodeInformer.HasSynced() && c.leaseInformer.HasSynced()
 }
 
 // Run starts the informers, waits for their caches to sync, and runs the workers until
@@ -249,15 +273,20 @@ func (c *Controller) Run(ctx context.Context) error {
 		logger.Info("Shutting down the Job controller")
 		c.queue.ShutDown()
 		c.orphanQueue.ShutDown()
+		c.recoveryQueue.ShutDown()
 		wg.Wait()
 		c.jobFactory.Shutdown()
 		c.podFactory.Shutdown()
+		c.nodeFactory.Shutdown()
+		c.leaseFactory.Shutdown()
 	}()
 
 	c.jobFactory.Start(ctx.Done())
 	c.podFactory.Start(ctx.Done())
-	if !cache.WaitForNamedCacheSyncWithContext(ctx, c.jobInformer.HasSynced, c.podInformer.HasSynced) {
-		return fmt.Errorf("the Job and Pod caches did not sync: %w", context.Cause(ctx))
+	c.nodeFactory.Start(ctx.Done())
+	c.leaseFactory.Start(ctx.Done())
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, c.jobInformer.HasSynced, c.podInformer.HasSynced, c.nodeInformer.HasSynced, c.leaseInformer.HasSynced) {
+		return fmt.Errorf("the Job, Pod, Node and Lease caches did not sync: %w", context.Cause(ctx))
 	}
 
 	work := context.WithoutCancel(ctx)
@@ -271,6 +300,10 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 		})
 	}
+	wg.Go(func() {
+		for c.processNextRecovery(ctx, work) {
+		}
+	})
 	<-ctx.Done()
 	return nil
 }

@@ -111,6 +111,7 @@ func (c *Controller) addPod(obj any) {
 		return
 	}
 	c.trackFinishedWithFinalizer(pod, false)
+	c.enqueueRecovery(pod)
 	if pod.DeletionTimestamp != nil {
 		// A pod seen for the first time already being deleted (after a restart, or a
 		// relist) is no creation to observe.
@@ -142,6 +143,7 @@ func (c *Controller) updatePod(old, cur any) {
 	if curPod.ResourceVersion == oldPod.ResourceVersion {
 		return // a resync; nothing changed
 	}
+	c.enqueueRecovery(curPod)
 	if curPod.DeletionTimestamp != nil {
 		// Being deleted: the Job may replace it now rather than when it is gone.
 		c.podDeleted(curPod, false)

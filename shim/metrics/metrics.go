@@ -106,6 +106,10 @@ type Metrics struct {
 	// ManagedJobs (coroner_managed_jobs, gauge) is the number of Jobs managed by this
 	// shim that have not finished, as its informer sees them. No labels.
 	ManagedJobs prometheus.Gauge
+	// PodsRecovered counts the node-failure recoveries (Z1-Z4) by action (FailOrphan,
+	// ForceTerminate, ClearDisruption) and reason (NodeUnreachable, NodeFenced,
+	// DeletionByPodGC, StaleDisruptionTarget).
+	PodsRecovered *prometheus.CounterVec
 }
 
 // New creates the metrics and registers them on reg. It panics if reg already holds
@@ -153,9 +157,15 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name:      "managed_jobs",
 			Help:      "The number of Jobs managed by this shim that have not finished.",
 		}),
+		PodsRecovered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "pods_recovered_total",
+			Help:      "Pods of managed Jobs the shim recovered from a node failure. action: ForceTerminate (zombie or fenced node), FailOrphan (node gone), ClearDisruption (stale DisruptionTarget); reason: NodeUnreachable, NodeFenced, DeletionByPodGC, StaleDisruptionTarget.",
+		}, []string{"action", "reason"}),
 	}
 	reg.MustRegister(
 		m.JobSyncDuration,
+		m.PodsRecovered,
 		m.JobsFinished,
 		m.JobPodsFinished,
 		m.PodFailuresHandledByFailurePolicy,

@@ -160,10 +160,22 @@ func (f *fixture) writeStatus(pod *corev1.Pod, what string, mutate func(p *corev
 	return out
 }
 
-// bindPod binds the pod to a node (which need not exist), as the scheduler would. A bound
-// pod is deleted gracefully: it stays terminating after the controller removed its
-// finalizer, until its kubelet (the test: finishDeletion) completes the deletion.
+// bindPod binds the pod to a node, as the scheduler would, making the Node object first
+// if there is none (a pod bound to a node that does not exist is an orphan, which the
+// shim fails after a quarantine, Z3). A bound pod is deleted gracefully: it stays
+// terminating after the controller removed its finalizer, until its kubelet (the test:
+// finishDeletion) completes the deletion.
 func (f *fixture) bindPod(pod *corev1.Pod, node string) {
+	f.t.Helper()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
+	if _, err := f.client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		f.t.Fatalf("creating node %s: %v", node, err)
+	}
+	f.bindPodNoNode(pod, node)
+}
+
+// bindPodNoNode binds the pod to a node without making sure the node exists.
+func (f *fixture) bindPodNoNode(pod *corev1.Pod, node string) {
 	f.t.Helper()
 	err := f.client.CoreV1().Pods(pod.Namespace).Bind(context.Background(), &corev1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, UID: pod.UID},
