@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/agent/fence"
 	"github.com/coroner-dev/coroner/agent/kmsg"
 	"github.com/coroner-dev/coroner/agent/metrics"
 	"github.com/coroner-dev/coroner/agent/stamper"
@@ -89,8 +90,14 @@ type Config struct {
 	Clock clock.WithTicker
 	// Metrics receives the agent's metrics; nil means a private registry.
 	Metrics *metrics.Metrics
-	// Recorder emits Stamped Events on pods; nil means one built from Client.
+	// Recorder emits Stamped Events on pods (and the Fenced Event on the node); nil means
+	// one built from Client.
 	Recorder record.EventRecorder
+	// Fencing, when not nil, turns fencing on (A6, agent/fence): its Namespace,
+	// FenceAfter and Runtime (and optionally Client and MaxStopTimeout) are the caller's;
+	// the agent fills in its NodeName, Client when nil, Pods (its pod cache), Recorder,
+	// Metrics and Clock. Nil: no Lease, nothing is ever stopped.
+	Fencing *fence.Config
 }
 
 // Agent is the node agent: it follows the runtime's container events and its node's pods,
@@ -107,6 +114,8 @@ type Agent struct {
 	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 	queue    workqueue.TypedDelayingInterface[item]
+	// fencer renews the Lease and fences the node; nil without Config.Fencing.
+	fencer *fence.Fencer
 
 	// logger is for the informer's handlers, which have no context; Run sets it.
 	logger klog.Logger
@@ -205,6 +214,20 @@ func New(cfg Config) (*Agent, error) {
 		Metrics:     cfg.Metrics,
 		Recorder:    recorder,
 	})
+
+	if cfg.Fencing != nil {
+		fc := *cfg.Fencing
+		fc.NodeName, fc.Pods = cfg.NodeName, a.nodePods
+		if fc.Client == nil {
+			fc.Client = cfg.Client
+		}
+		fc.Recorder, fc.Metrics, fc.Clock = recorder, cfg.Metrics, cfg.Clock
+		f, err := fence.New(fc)
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		a.fencer = f
+	}
 	return a, nil
 }
 
@@ -218,7 +241,8 @@ func (a *Agent) HasSynced() bool { return a.informer.HasSynced() }
 func (a *Agent) Healthy() error { return RuntimeHealth(a.cfg.Source) }
 
 // Run runs the agent until ctx is done: the pod informer, the runtime's events, the
-// kernel's OOM kills, the stamper and the workers. Events that arrive before the pod
+// kernel's OOM kills, the stamper, the workers and, with Config.Fencing, the fencer (from
+// the start: its Lease does not wait for the pod cache). Events that arrive before the pod
 // cache has synced wait for it. It returns nil when ctx is done, or an error when the
 // cache could not sync.
 func (a *Agent) Run(ctx context.Context) error {
@@ -232,7 +256,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer a.broadcaster.Shutdown()
 	}
 	logger.Info("Starting the node agent", "node", a.cfg.NodeName, "phaseGrace", a.cfg.PhaseGrace,
-		"cgroupRoot", a.cfg.CgroupRoot, "kernelLog", a.cfg.Kernel != nil)
+		"cgroupRoot", a.cfg.CgroupRoot, "kernelLog", a.cfg.Kernel != nil, "fencing", a.fencer != nil)
 
 	var wg sync.WaitGroup
 	defer func() {
@@ -259,6 +283,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	goFunc(func() { a.stamper.Run(ctx) })
 	goFunc(func() { a.watchRuntime(ctx) })
 	goFunc(func() { a.collectGarbage(ctx) })
+	if a.fencer != nil {
+		goFunc(func() { a.fencer.Run(ctx) })
+	}
 
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, a.informer.HasSynced) {
 		if ctx.Err() != nil {
@@ -289,6 +316,19 @@ func (a *Agent) podByUID(uid types.UID) *corev1.Pod {
 		return nil
 	}
 	return pod
+}
+
+// nodePods returns the cached pods of the agent's node (the fencer's view of them, which
+// outlives the connection to the API server). They are the cache's: read only.
+func (a *Agent) nodePods() []*corev1.Pod {
+	objs := a.informer.GetStore().List()
+	pods := make([]*corev1.Pod, 0, len(objs))
+	for _, obj := range objs {
+		if pod, ok := obj.(*corev1.Pod); ok && pod.Spec.NodeName == a.cfg.NodeName {
+			pods = append(pods, pod)
+		}
+	}
+	return pods
 }
 
 // podChanged queues the pod-level decision (A3, A4) of pods that may need one: pods

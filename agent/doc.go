@@ -1,7 +1,9 @@
-// Package agent is coroner's node side (requirements A1-A5, A7, A8): it watches the
-// container runtime for exits and OOM kills on its own node, and its node's pods, and
-// stamps the pods with why they died before they are deleted. Fencing (A6) is not
-// implemented yet: --fencing is accepted and ignored, and coroner_agent_fenced is 0.
+// Package agent is coroner's node side (requirements A1-A8): it watches the container
+// runtime for exits and OOM kills on its own node, and its node's pods, and stamps the
+// pods with why they died before they are deleted. With --fencing (A6, off by default) it
+// also renews a Lease of its node and, after --fence-after without a renewal, stops the
+// containers of its node's opted-in pods until it reaches the API server again
+// (agent/fence).
 //
 // # The pieces
 //
@@ -20,7 +22,9 @@
 //   - a work queue (client-go's delaying queue, on the agent's clock) of exits, OOM
 //     kills and pod decisions, handled by Workers goroutines;
 //   - the stamper (agent/stamper), which batches, deduplicates and writes the stamps
-//     and records the metrics (agent/metrics).
+//     and records the metrics (agent/metrics);
+//   - with Config.Fencing, the fencer (agent/fence): the Lease, the fence, the Fenced
+//     Event on the Node.
 //
 // # An exit
 //
@@ -62,6 +66,24 @@
 // per --stamp-batch-period (status and metadata are separate endpoints: an exit history
 // change is a second call), no write that changes nothing, resourceVersion
 // preconditions, re-reads on conflict, retries with backoff on errors.
+//
+// # Fencing
+//
+// With --fencing the agent renews the Lease coroner-agent-<node> in --lease-namespace
+// ($POD_NAMESPACE, else coroner-system) every --fence-after/4 (between 1s and 10s; each
+// attempt bounded by min(that, 5s)), with holderIdentity the node, renewTime,
+// leaseDurationSeconds and the annotation coroner.dev/fence-after (conditions/fencing.go
+// is the contract with the shim). When no renewal has succeeded for --fence-after (or,
+// before the first, since the start), the agent is fenced (coroner_agent_fenced 1):
+// every second it lists the runtime's running containers (cri.RuntimeClient) and stops
+// those of the pods in its cache that are bound to its node, opted in to forceful
+// deletion and not terminal (fence.ToStop), with the pod's grace period capped at 10s,
+// counting them in coroner_agent_fence_stopped_containers_total; it never touches a pod
+// that is not opted in. The pod cache outlives the connection to the API server, so the
+// agent knows its pods while partitioned. The first renewal that succeeds again also
+// writes coroner.dev/fenced-at on the Lease and ends the fence; then the agent emits
+// one Warning Event Fenced on the Node naming the pods it stopped. Without --fencing
+// there is no Lease and nothing is ever stopped.
 //
 // # Health
 //

@@ -27,13 +27,19 @@ type Options struct {
 	StampBatchPeriod    time.Duration
 	Fencing             bool
 	FenceAfter          time.Duration
+	LeaseNamespace      string
 	MetricsAddress      string
 	QPS                 float32
 	Burst               int
 }
 
-// NewOptions returns the defaults.
+// NewOptions returns the defaults; the Lease's namespace is $POD_NAMESPACE, else
+// coroner-system.
 func NewOptions() *Options {
+	ns := os.Getenv("POD_NAMESPACE")
+	if ns == "" {
+		ns = "coroner-system"
+	}
 	return &Options{
 		RuntimeEndpoint:     "unix:///run/containerd/containerd.sock",
 		ContainerdNamespace: "k8s.io",
@@ -46,6 +52,7 @@ func NewOptions() *Options {
 		StampBatchPeriod:    100 * time.Millisecond,
 		Fencing:             false,
 		FenceAfter:          2 * time.Minute,
+		LeaseNamespace:      ns,
 		MetricsAddress:      ":8090",
 		QPS:                 5,
 		Burst:               10,
@@ -65,8 +72,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.PhaseGrace, "phase-grace", o.PhaseGrace, "How long a deleted pod whose containers all exited may keep phase Running before the agent sets a terminal phase (the kubelet's chance to do it first).")
 	fs.IntVar(&o.ExitHistorySize, "exit-history-size", o.ExitHistorySize, "How many container exits to keep in the coroner.dev/exit-history annotation of restarting pods.")
 	fs.DurationVar(&o.StampBatchPeriod, "stamp-batch-period", o.StampBatchPeriod, "How long a pod's first pending stamp waits for others of the same pod: at most one write per pod per period.")
-	fs.BoolVar(&o.Fencing, "fencing", o.Fencing, "Not yet implemented (requirement A6; the flag is accepted and ignored): stop opted-in containers when the API server has been unreachable for --fence-after.")
-	fs.DurationVar(&o.FenceAfter, "fence-after", o.FenceAfter, "Not yet implemented (see --fencing): how long without the API server before fencing.")
+	fs.BoolVar(&o.Fencing, "fencing", o.Fencing, "Fence the node (requirement A6): renew the Lease coroner-agent-<node> in --lease-namespace every --fence-after/4, and when no renewal has succeeded for --fence-after, stop the containers of the node's opted-in pods (coroner.dev/safe-to-forcefully-delete) until one does. Off: no Lease, nothing is ever stopped.")
+	fs.DurationVar(&o.FenceAfter, "fence-after", o.FenceAfter, "With --fencing: how long without a Lease renewal (the API server lost) before the agent fences the node; at least 10s.")
+	fs.StringVar(&o.LeaseNamespace, "lease-namespace", o.LeaseNamespace, "With --fencing: namespace of the agent's Lease (default $POD_NAMESPACE, else coroner-system).")
 	fs.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "host:port that serves /metrics and /healthz; \"0\" turns it off.")
 	fs.Float32Var(&o.QPS, "kube-api-qps", o.QPS, "Steady queries per second to the API server.")
 	fs.IntVar(&o.Burst, "kube-api-burst", o.Burst, "Burst of queries to the API server; at least --kube-api-qps.")
@@ -119,6 +127,11 @@ func (o *Options) Validate() error {
 	}
 	if o.Fencing && o.FenceAfter < 10*time.Second {
 		errs = append(errs, fmt.Errorf("--fence-after=%v: must be at least 10s, or a blip would stop workloads", o.FenceAfter))
+	}
+	if o.Fencing {
+		if msgs := validation.IsDNS1123Label(o.LeaseNamespace); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--lease-namespace=%q: %s", o.LeaseNamespace, strings.Join(msgs, "; ")))
+		}
 	}
 	if o.MetricsAddress != "0" && !strings.Contains(o.MetricsAddress, ":") {
 		errs = append(errs, fmt.Errorf("--metrics-bind-address=%q: want host:port (or \"0\" for off)", o.MetricsAddress))

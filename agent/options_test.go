@@ -12,7 +12,9 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 		name         string
 		args         []string
 		env          string // NODE_NAME
+		podNS        string // POD_NAMESPACE
 		wantNodeName string
+		wantLeaseNS  string // when set
 		wantErr      []string
 	}{
 		{name: "flag wins over env", args: []string{"--node-name=node-a"}, env: "node-b", wantNodeName: "node-a"},
@@ -23,6 +25,10 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 		{name: "relist too fast", args: []string{"--node-name=n", "--relist-period=10ms"}, wantErr: []string{"--relist-period"}},
 		{name: "fencing with a tiny deadline", args: []string{"--node-name=n", "--fencing", "--fence-after=1s"}, wantErr: []string{"--fence-after"}},
 		{name: "tiny deadline fine when fencing is off", args: []string{"--node-name=n", "--fence-after=1s"}, wantNodeName: "n"},
+		{name: "fencing with its defaults", args: []string{"--node-name=n", "--fencing"}, wantNodeName: "n", wantLeaseNS: "coroner-system"},
+		{name: "lease namespace from POD_NAMESPACE", args: []string{"--node-name=n", "--fencing", "--fence-after=10s"}, podNS: "coroner", wantNodeName: "n", wantLeaseNS: "coroner"},
+		{name: "lease namespace flag wins", args: []string{"--node-name=n", "--fencing", "--lease-namespace=ops"}, podNS: "coroner", wantNodeName: "n", wantLeaseNS: "ops"},
+		{name: "invalid lease namespace", args: []string{"--node-name=n", "--fencing", "--lease-namespace=Ops_NS"}, wantErr: []string{"--lease-namespace"}},
 		{name: "history size out of range", args: []string{"--node-name=n", "--exit-history-size=0"}, wantErr: []string{"--exit-history-size"}},
 		{name: "relative cgroup root", args: []string{"--node-name=n", "--cgroup-root=sys/fs/cgroup"}, wantErr: []string{"--cgroup-root"}},
 		{name: "cgroup reading and kernel log off", args: []string{"--node-name=n", "--cgroup-root=", "--kmsg-path="}, wantNodeName: "n"},
@@ -32,6 +38,7 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("NODE_NAME", tc.env)
+			t.Setenv("POD_NAMESPACE", tc.podNS)
 			o := NewOptions()
 			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 			o.AddFlags(fs)
@@ -48,6 +55,9 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 				}
 				if o.NodeName != tc.wantNodeName {
 					t.Errorf("node name = %q, want %q", o.NodeName, tc.wantNodeName)
+				}
+				if tc.wantLeaseNS != "" && o.LeaseNamespace != tc.wantLeaseNS {
+					t.Errorf("lease namespace = %q, want %q", o.LeaseNamespace, tc.wantLeaseNS)
 				}
 				return
 			}

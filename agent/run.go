@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/coroner-dev/coroner/agent/fence"
 	"github.com/coroner-dev/coroner/agent/kmsg"
 	"github.com/coroner-dev/coroner/agent/metrics"
 	"github.com/coroner-dev/coroner/cri"
@@ -23,6 +24,14 @@ import (
 
 // ServerCheckTimeout bounds the check, at start, that the API server answers.
 const ServerCheckTimeout = 15 * time.Second
+
+// LeaseClientQPS and LeaseClientBurst are the rate limits of the fencing Lease's own
+// client (a renewal every 1-10s, and the Node read at a fence's end), apart from
+// --kube-api-qps.
+const (
+	LeaseClientQPS   = 5
+	LeaseClientBurst = 10
+)
 
 // Run runs coroner-agent until ctx is done: the Agent on the runtime at
 // opts.RuntimeEndpoint (cri.Watcher), the kernel log at opts.KmsgPath, and /metrics and
@@ -36,8 +45,12 @@ const ServerCheckTimeout = 15 * time.Second
 // read (no CAP_SYSLOG) is logged, and OOM kills are then classified without the
 // kernel's reports.
 //
-// Fencing (A6, --fencing) is not implemented yet: the flag is accepted, logged and
-// ignored, and coroner_agent_fenced stays 0.
+// With opts.Fencing (A6) the agent also renews its Lease coroner-agent-<node> in
+// opts.LeaseNamespace and, when no renewal has succeeded for opts.FenceAfter, stops the
+// containers of its node's opted-in pods over CRI (cri.RuntimeClient, a connection of its
+// own to opts.RuntimeEndpoint) until one does: see agent/fence. The Lease has an API
+// client of its own (LeaseClientQPS), so that pod writes never hold up a renewal. Without it there is no
+// Lease and nothing is ever stopped.
 func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	logger := klog.FromContext(ctx)
 	client, err := kubernetes.NewForConfig(cfg)
@@ -47,10 +60,6 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	if err := checkServer(ctx, client); err != nil {
 		return fmt.Errorf("cannot reach the API server at %s: %w", cfg.Host, err)
 	}
-	if opts.Fencing {
-		logger.Info("Fencing (--fencing) is not yet implemented; the flag is ignored")
-	}
-
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
@@ -78,6 +87,26 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		}
 	}
 
+	var fencing *fence.Config
+	if opts.Fencing {
+		rt, err := cri.NewRuntimeClient(opts.RuntimeEndpoint)
+		if err != nil {
+			return err
+		}
+		defer rt.Close()
+		// A client of its own, so that a burst of pod writes waiting for the agent's
+		// rate limiter cannot delay renewals into a fence.
+		lcfg := rest.CopyConfig(cfg)
+		lcfg.QPS, lcfg.Burst = LeaseClientQPS, LeaseClientBurst
+		leaseClient, err := kubernetes.NewForConfig(lcfg)
+		if err != nil {
+			return fmt.Errorf("building the Lease client: %w", err)
+		}
+		fencing = &fence.Config{Namespace: opts.LeaseNamespace, FenceAfter: opts.FenceAfter, Runtime: rt, Client: leaseClient}
+	} else {
+		logger.Info("Fencing is off (no --fencing): no Lease, the agent never stops containers")
+	}
+
 	a, err := New(Config{
 		NodeName:        opts.NodeName,
 		Client:          client,
@@ -88,6 +117,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		ExitHistorySize: opts.ExitHistorySize,
 		BatchPeriod:     opts.StampBatchPeriod,
 		Metrics:         m,
+		Fencing:         fencing,
 	})
 	if err != nil {
 		return err

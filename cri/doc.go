@@ -63,6 +63,13 @@
 //     ("is the container runtime running?") or a server that does not serve the CRI v1
 //     RuntimeService.
 //
+// # Stopping containers
+//
+// RuntimeClient, with a connection of its own, lists the running containers with the
+// kubelet's labels and stops one (StopContainer: SIGTERM, SIGKILL after a timeout): what
+// the agent's fencing (agent/fence) needs, and the only write the agent ever makes to the
+// runtime.
+//
 // Relist and backoff timing use an injected clock (k8s.io/utils/clock), so tests step a
 // fake clock instead of sleeping.
 package cri

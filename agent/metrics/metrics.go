@@ -77,8 +77,15 @@ type Metrics struct {
 	UnknownOOM prometheus.Counter
 
 	// Fenced (coroner_agent_fenced, gauge) is 1 while the agent has fenced its node
-	// (A6). Fencing is not implemented yet: it is always 0.
+	// (A6, --fencing): its Lease has not been renewed for --fence-after, and it stops the
+	// containers of the node's opted-in pods until a renewal succeeds again. Always 0
+	// without --fencing.
 	Fenced prometheus.Gauge
+
+	// FenceStoppedContainers (coroner_agent_fence_stopped_containers_total) counts the
+	// containers the agent stopped while fenced (a container the kubelet restarts
+	// meanwhile is a new one, stopped and counted again).
+	FenceStoppedContainers prometheus.Counter
 
 	// ContainerExits (coroner_agent_container_exits_total) counts the container exits
 	// the agent classified, with their pod found. Label: verdict.
@@ -127,7 +134,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		Fenced: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: Subsystem,
 			Name: "fenced",
-			Help: "1 while the agent has fenced its node. Fencing is not implemented yet: always 0.",
+			Help: "1 while the agent has fenced its node (--fencing: its Lease unrenewed for --fence-after; it stops the containers of opted-in pods), 0 otherwise.",
+		}),
+		FenceStoppedContainers: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name: "fence_stopped_containers_total",
+			Help: "Containers of opted-in pods the agent stopped while fenced.",
 		}),
 		ContainerExits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: Subsystem,
@@ -146,7 +158,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.Stamps, m.DetectionLatency, m.RuntimeConnected, m.IgnoredContainers,
-		m.UnknownOOM, m.Fenced, m.ContainerExits, m.DroppedEvents, m.WriteErrors)
+		m.UnknownOOM, m.Fenced, m.FenceStoppedContainers, m.ContainerExits, m.DroppedEvents, m.WriteErrors)
 	return m
 }
 
@@ -205,6 +217,26 @@ func (m *Metrics) SetRuntimeConnected(connected bool) {
 		v = 1
 	}
 	m.RuntimeConnected.Set(v)
+}
+
+// SetFenced sets the fence gauge.
+func (m *Metrics) SetFenced(fenced bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if fenced {
+		v = 1
+	}
+	m.Fenced.Set(v)
+}
+
+// FenceStopped records a container stopped while fenced.
+func (m *Metrics) FenceStopped() {
+	if m == nil {
+		return
+	}
+	m.FenceStoppedContainers.Inc()
 }
 
 // AddIgnored adds n ignored containers.

@@ -33,6 +33,7 @@ func TestNames(t *testing.T) {
 		"coroner_agent_container_exits_total",
 		"coroner_agent_detection_latency_seconds",
 		"coroner_agent_dropped_events_total",
+		"coroner_agent_fence_stopped_containers_total",
 		"coroner_agent_fenced",
 		"coroner_agent_ignored_containers_total",
 		"coroner_agent_pod_write_errors_total",
@@ -61,6 +62,11 @@ func TestRecording(t *testing.T) {
 	m.SetRuntimeConnected(true)
 	m.AddIgnored(3)
 	m.AddIgnored(0)
+	m.SetFenced(true)
+	m.SetFenced(false)
+	m.SetFenced(true)
+	m.FenceStopped()
+	m.FenceStopped()
 	for _, tc := range []struct {
 		name string
 		c    prometheus.Collector
@@ -74,7 +80,8 @@ func TestRecording(t *testing.T) {
 		{"write errors", m.WriteErrors, 1},
 		{"connected", m.RuntimeConnected, 1},
 		{"ignored", m.IgnoredContainers, 3},
-		{"fenced", m.Fenced, 0},
+		{"fenced", m.Fenced, 1},
+		{"fence stops", m.FenceStoppedContainers, 2},
 	} {
 		if got := Value(tc.c); got != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, got, tc.want)
@@ -84,4 +91,6 @@ func TestRecording(t *testing.T) {
 	nilM.Stamped("x", "y", 1) // a nil *Metrics records nothing and does not panic
 	nilM.Exit("")
 	nilM.SetRuntimeConnected(true)
+	nilM.SetFenced(true)
+	nilM.FenceStopped()
 }

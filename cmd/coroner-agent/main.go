@@ -14,7 +14,8 @@ import (
 
 const summary = `coroner-agent: watches the container runtime on this node over CRI and stamps pods with
 why they died (DisruptionTarget, coroner.dev/OOMKilled, terminal phase) before they are deleted.
-Fencing (--fencing, requirement A6) is not yet implemented.`
+With --fencing (requirement A6, off by default) it renews the Lease coroner-agent-<node>
+and, after --fence-after without a renewal, stops the containers of the node's opted-in pods.`
 
 func main() {
 	opts := agent.NewOptions()

@@ -82,10 +82,11 @@ func TestRenderedManifests(t *testing.T) {
 		runtimeHostPath string
 		shortLeases     bool
 		shimTolerates   bool
+		fenceAfter      time.Duration // 0: fencing off
 	}{
 		{dir: "", pullPolicy: corev1.PullIfNotPresent, runtimeEndpoint: "unix:///run/containerd/containerd.sock", runtimeHostPath: "/run/containerd"},
 		{dir: "overlays/kind", pullPolicy: corev1.PullIfNotPresent, runtimeEndpoint: "unix:///run/containerd/containerd.sock", runtimeHostPath: "/run/containerd"},
-		{dir: "overlays/lab", pullPolicy: corev1.PullNever, runtimeEndpoint: "unix:///run/coroner-lab/node-a/containerd.sock", runtimeHostPath: "/run/coroner-lab", shortLeases: true, shimTolerates: true},
+		{dir: "overlays/lab", pullPolicy: corev1.PullNever, runtimeEndpoint: "unix:///run/coroner-lab/node-a/containerd.sock", runtimeHostPath: "/run/coroner-lab", shortLeases: true, shimTolerates: true, fenceAfter: 30 * time.Second},
 	} {
 		t.Run("deploy/"+tc.dir, func(t *testing.T) {
 			r := renderTyped(t, tc.dir)
@@ -149,6 +150,10 @@ func TestRenderedManifests(t *testing.T) {
 				t.Errorf("agent runtime endpoint %q on node %q, want %q on node-a", opts.RuntimeEndpoint, opts.NodeName, tc.runtimeEndpoint)
 			}
 			wantPort(t, a, "metrics", opts.MetricsAddress)
+			// Fencing (A6): off unless the operator opts in; on in the lab.
+			if on := tc.fenceAfter != 0; opts.Fencing != on || (on && opts.FenceAfter != tc.fenceAfter) {
+				t.Errorf("agent fencing %v after %v, want on: %v after %v", opts.Fencing, opts.FenceAfter, on, tc.fenceAfter)
+			}
 
 			// The shim: two replicas, leader election, probes on the health port.
 			if r.shim.Spec.Replicas == nil || *r.shim.Spec.Replicas != 2 {

@@ -42,9 +42,10 @@ type PodOptions struct {
 	// the Pod object's spec (image busybox, imagePullPolicy Never); start each with
 	// Pod.StartContainer.
 	Containers []containerd.Container
-	// Labels and Finalizers go on the Pod object.
-	Labels     map[string]string
-	Finalizers []string
+	// Labels, Annotations and Finalizers go on the Pod object.
+	Labels      map[string]string
+	Annotations map[string]string
+	Finalizers  []string
 }
 
 // Pod is a Pod object and its sandbox.
@@ -66,7 +67,7 @@ func (n *Node) CreatePod(ctx context.Context, namespace, name string, opts PodOp
 		policy = corev1.RestartPolicyNever
 	}
 	obj := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: opts.Labels, Finalizers: opts.Finalizers},
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: opts.Labels, Annotations: opts.Annotations, Finalizers: opts.Finalizers},
 		Spec: corev1.PodSpec{
 			NodeName:                      n.Name,
 			RestartPolicy:                 policy,

@@ -1,0 +1,146 @@
+package fence
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/cri"
+)
+
+// Timings derived from --fence-after.
+const (
+	// MinRenewPeriod and MaxRenewPeriod bound RenewPeriod.
+	MinRenewPeriod = time.Second
+	MaxRenewPeriod = 10 * time.Second
+	// MaxRequestTimeout bounds each renewal's requests (RequestTimeout).
+	MaxRequestTimeout = 5 * time.Second
+	// FencedPeriod is how often, while fenced, the agent stops the opted-in containers
+	// that run (again) and tries to renew its Lease. The fence deadline is checked this
+	// often too.
+	FencedPeriod = time.Second
+	// DefaultMaxStopTimeout caps the grace a fenced container gets between SIGTERM and
+	// SIGKILL (StopTimeout): it bounds the time from fencing to stopped containers, which
+	// the shim's margin must cover.
+	DefaultMaxStopTimeout = 10 * time.Second
+)
+
+// RenewPeriod is how often the agent renews its Lease: a quarter of fenceAfter, so that
+// three renewals may fail before it fences, between MinRenewPeriod and MaxRenewPeriod.
+func RenewPeriod(fenceAfter time.Duration) time.Duration {
+	return min(max(fenceAfter/4, MinRenewPeriod), MaxRenewPeriod)
+}
+
+// RequestTimeout bounds one renewal (its Get, Create or Update), so that a partition,
+// where requests hang rather than fail, is noticed within a renew period:
+// min(renewPeriod, MaxRequestTimeout).
+func RequestTimeout(renewPeriod time.Duration) time.Duration {
+	return min(renewPeriod, MaxRequestTimeout)
+}
+
+// ShouldFence reports whether an agent whose last successful Lease renewal (or, before
+// the first, its start) was at lastRenewal must be fenced at now: it has gone more than
+// fenceAfter without one. This is the agent's side of conditions.NodeFenced, which
+// concludes the same from the Lease's renewTime, plus a margin.
+func ShouldFence(lastRenewal, now time.Time, fenceAfter time.Duration) bool {
+	return now.Sub(lastRenewal) > fenceAfter
+}
+
+// Target is a container to stop, and its pod.
+type Target struct {
+	Container cri.Container
+	Pod       types.NamespacedName
+	// Timeout is the grace between SIGTERM and SIGKILL (StopTimeout).
+	Timeout time.Duration
+}
+
+// ToStop returns the containers a fenced agent stops: the running containers (by the
+// kubelet's label io.kubernetes.pod.uid) of the pods bound to node that are opted in to
+// forceful deletion (conditions.OptedInToForcefulDeletion) and not terminal (Succeeded or
+// Failed). Containers of any other pod, and containers of pods the agent does not know,
+// are never returned. pods are the agent's cached pods (not modified); the result is
+// sorted by pod, then container name and id.
+func ToStop(node string, pods []*corev1.Pod, containers []cri.Container, maxTimeout time.Duration) []Target {
+	optedIn := make(map[types.UID]*corev1.Pod, len(pods))
+	for _, p := range pods {
+		if p == nil || p.Spec.NodeName != node || !conditions.OptedInToForcefulDeletion(p.Annotations) {
+			continue
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		optedIn[p.UID] = p
+	}
+	var out []Target
+	for _, c := range containers {
+		p, ok := optedIn[types.UID(c.PodUID)]
+		if !ok || !c.Running || c.ID == "" {
+			continue
+		}
+		out = append(out, Target{
+			Container: c,
+			Pod:       types.NamespacedName{Namespace: p.Namespace, Name: p.Name},
+			Timeout:   StopTimeout(p, maxTimeout),
+		})
+	}
+	slices.SortFunc(out, func(a, b Target) int {
+		return cmp.Or(
+			cmp.Compare(a.Pod.String(), b.Pod.String()),
+			cmp.Compare(a.Container.Name, b.Container.Name),
+			cmp.Compare(a.Container.ID, b.Container.ID))
+	})
+	return out
+}
+
+// StopTimeout is the grace a container of pod gets between SIGTERM and SIGKILL: the pod's
+// terminationGracePeriodSeconds (30s when unset, as the API server defaults it), at most
+// maxTimeout.
+func StopTimeout(pod *corev1.Pod, maxTimeout time.Duration) time.Duration {
+	grace := 30 * time.Second
+	if s := pod.Spec.TerminationGracePeriodSeconds; s != nil {
+		grace = time.Duration(max(*s, 0)) * time.Second
+	}
+	return min(grace, maxTimeout)
+}
+
+// maxPodsNamed is how many pods the Fenced Event's message names.
+const maxPodsNamed = 10
+
+// Message is the Fenced Event's message: how long the agent went without a renewal (from
+// its last renewal to the one that succeeded again), its --fence-after, and what it
+// stopped (container id -> pod), for example "Lost the API server for 1m12s (over
+// --fence-after 45s): stopped 3 containers of 2 opted-in pods: ns/a, ns/b".
+func Message(outage, fenceAfter time.Duration, stopped map[string]types.NamespacedName) string {
+	head := fmt.Sprintf("Lost the API server for %v (over --fence-after %v)", outage.Round(time.Second), fenceAfter)
+	if len(stopped) == 0 {
+		return head + ": no container of an opted-in pod was running"
+	}
+	seen := map[types.NamespacedName]bool{}
+	var pods []string
+	for _, p := range stopped {
+		if !seen[p] {
+			seen[p] = true
+			pods = append(pods, p.String())
+		}
+	}
+	slices.Sort(pods)
+	named := strings.Join(pods[:min(len(pods), maxPodsNamed)], ", ")
+	if len(pods) > maxPodsNamed {
+		named += fmt.Sprintf(" and %d more", len(pods)-maxPodsNamed)
+	}
+	return fmt.Sprintf("%s: stopped %s of %s: %s", head,
+		plural(len(stopped), "container", "containers"), plural(len(pods), "opted-in pod", "opted-in pods"), named)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}

@@ -1,0 +1,473 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2/ktesting"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/coroner-dev/coroner/agent/metrics"
+	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/cri"
+)
+
+const leaseNS = "coroner-system"
+
+// fakeRuntime is a hand-written Runtime: containers the test sets, stops recorded, errors
+// injectable.
+type fakeRuntime struct {
+	mu         sync.Mutex
+	containers []cri.Container
+	stops      []string        // container ids, in order
+	timeouts   []time.Duration // of each stop
+	listErr    error
+	stopErr    map[string]error
+}
+
+func (r *fakeRuntime) RunningContainers(context.Context) ([]cri.Container, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.listErr != nil {
+		return nil, r.listErr
+	}
+	var out []cri.Container
+	for _, c := range r.containers {
+		if c.Running {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+func (r *fakeRuntime) StopContainer(_ context.Context, id string, timeout time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.stopErr[id]; err != nil {
+		return err
+	}
+	r.stops = append(r.stops, id)
+	r.timeouts = append(r.timeouts, timeout)
+	for i := range r.containers {
+		if r.containers[i].ID == id {
+			r.containers[i].Running = false
+		}
+	}
+	return nil
+}
+
+func (r *fakeRuntime) add(c cri.Container) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.containers = append(r.containers, c)
+}
+
+func (r *fakeRuntime) stopped() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.stops)
+}
+
+// event is one recorded Event.
+type event struct {
+	ref                  *corev1.ObjectReference
+	typ, reason, message string
+}
+
+// recorder captures Events with their object.
+type recorder struct {
+	mu     sync.Mutex
+	events []event
+}
+
+func (r *recorder) Event(obj runtime.Object, typ, reason, message string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ref, _ := obj.(*corev1.ObjectReference)
+	r.events = append(r.events, event{ref: ref, typ: typ, reason: reason, message: message})
+}
+
+func (r *recorder) Eventf(obj runtime.Object, typ, reason, format string, args ...any) {
+	r.Event(obj, typ, reason, fmt.Sprintf(format, args...))
+}
+
+func (r *recorder) AnnotatedEventf(obj runtime.Object, _ map[string]string, typ, reason, format string, args ...any) {
+	r.Eventf(obj, typ, reason, format, args...)
+}
+
+func (r *recorder) all() []event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.events)
+}
+
+type testEnv struct {
+	t      *testing.T
+	ctx    context.Context
+	clk    *testingclock.FakeClock
+	client *fake.Clientset
+	rt     *fakeRuntime
+	rec    *recorder
+	m      *metrics.Metrics
+	f      *Fencer
+
+	mu       sync.Mutex
+	apiDown  bool // every Lease request fails
+	pods     []*corev1.Pod
+	requests int // Lease requests
+}
+
+const fenceAfter = 10 * time.Second
+
+func newTestEnv(t *testing.T, pods ...*corev1.Pod) *testEnv {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	e := &testEnv{t: t, ctx: ctx, clk: testingclock.NewFakeClock(t0), rt: &fakeRuntime{}, rec: &recorder{}, pods: pods}
+	e.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})
+	e.client.PrependReactor("*", "leases", func(clienttesting.Action) (bool, runtime.Object, error) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.requests++
+		if e.apiDown {
+			return true, nil, errors.New("dial tcp 10.0.0.1:6443: connect: connection refused")
+		}
+		return false, nil, nil
+	})
+	e.m = metrics.New(prometheus.NewRegistry())
+	f, err := New(Config{
+		NodeName: node, Namespace: leaseNS, FenceAfter: fenceAfter, Client: e.client, Runtime: e.rt,
+		Pods: func() []*corev1.Pod {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			return slices.Clone(e.pods)
+		},
+		Recorder: e.rec, Metrics: e.m, Clock: e.clk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.f = f
+	return e
+}
+
+func (e *testEnv) setAPIDown(down bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.apiDown = down
+}
+
+func (e *testEnv) lease() *coordinationv1.Lease {
+	e.t.Helper()
+	l, err := e.client.Tracker().Get(schema.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}, leaseNS, conditions.AgentLeaseName(node))
+	if err != nil {
+		e.t.Fatalf("the Lease: %v", err)
+	}
+	return l.(*coordinationv1.Lease)
+}
+
+// pass steps the fake clock by d and runs the passes Run would have run.
+func (e *testEnv) pass(d time.Duration) {
+	e.clk.Step(d)
+	_ = e.f.renew(e.ctx)
+	e.f.enforce(e.ctx)
+}
+
+func (e *testEnv) fenced() float64 { return metrics.Value(e.m.Fenced) }
+
+func TestRenewsTheLease(t *testing.T) {
+	e := newTestEnv(t)
+	if err := e.f.renew(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := e.lease()
+	if *l.Spec.HolderIdentity != node || *l.Spec.LeaseDurationSeconds != 10 || !l.Spec.RenewTime.Time.Equal(t0) ||
+		!l.Spec.AcquireTime.Time.Equal(t0) || l.Annotations[conditions.AnnotationFenceAfter] != "10s" {
+		t.Errorf("created Lease %+v", l)
+	}
+	for i := 1; i <= 10; i++ {
+		e.pass(e.f.RenewPeriod())
+		l = e.lease()
+		if want := t0.Add(time.Duration(i) * e.f.RenewPeriod()); !l.Spec.RenewTime.Time.Equal(want) {
+			t.Fatalf("renewal %d: renewTime %v, want %v", i, l.Spec.RenewTime.Time, want)
+		}
+	}
+	if !l.Spec.AcquireTime.Time.Equal(t0) {
+		t.Errorf("acquireTime moved to %v", l.Spec.AcquireTime.Time)
+	}
+	if _, ok := l.Annotations[conditions.AnnotationFencedAt]; ok {
+		t.Errorf("fenced-at written without a fence: %v", l.Annotations)
+	}
+	e.mu.Lock()
+	requests := e.requests
+	e.mu.Unlock()
+	// Get + Create, then one Update per renewal.
+	if requests != 12 {
+		t.Errorf("%d Lease requests for 11 renewals, want 12", requests)
+	}
+	if e.f.Fenced() || e.fenced() != 0 || len(e.rt.stopped()) != 0 {
+		t.Errorf("fenced while renewing")
+	}
+}
+
+// TestFenceAndRecover is the whole story: renewals fail, the agent fences after
+// fence-after and not before, stops the opted-in pods' containers only (and again when
+// the kubelet restarts one), and when a renewal succeeds records fenced-at and one Event.
+func TestFenceAndRecover(t *testing.T) {
+	in := makePod("in").optedIn().grace(5).obj()
+	out := makePod("out").obj()
+	e := newTestEnv(t, in, out)
+	e.rt.add(running("c-in", "in", "main"))
+	e.rt.add(running("c-out", "out", "main"))
+	if err := e.f.renew(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	e.setAPIDown(true)
+	// 10s after the last renewal: not over fence-after yet.
+	for range 4 {
+		e.pass(2500 * time.Millisecond)
+	}
+	if e.f.Fenced() || len(e.rt.stopped()) != 0 || e.fenced() != 0 {
+		t.Fatalf("fenced at fence-after exactly (stops %v)", e.rt.stopped())
+	}
+	e.pass(time.Second)
+	if !e.f.Fenced() || e.fenced() != 1 {
+		t.Fatal("not fenced 11s after the last renewal")
+	}
+	if got := e.rt.stopped(); !slices.Equal(got, []string{"c-in"}) {
+		t.Fatalf("stopped %v, want [c-in]", got)
+	}
+	if e.rt.timeouts[0] != 5*time.Second {
+		t.Errorf("stop timeout %v, want the pod's grace 5s", e.rt.timeouts[0])
+	}
+
+	// The kubelet restarts the container: stopped again at the next pass.
+	e.rt.add(cri.Container{ID: "c-in-1", Name: "main", PodNamespace: ns, PodName: "in", PodUID: "uid-in", Attempt: 1, Running: true})
+	e.pass(FencedPeriod)
+	if got := e.rt.stopped(); !slices.Equal(got, []string{"c-in", "c-in-1"}) {
+		t.Fatalf("stopped %v, want [c-in c-in-1]", got)
+	}
+	if n := metrics.Value(e.m.FenceStoppedContainers); n != 2 {
+		t.Errorf("fence_stopped_containers_total %v, want 2", n)
+	}
+	if len(e.rec.all()) != 0 {
+		t.Errorf("an Event while fenced: %+v", e.rec.all())
+	}
+
+	// The API server is back: the next renewal ends the fence.
+	e.setAPIDown(false)
+	e.pass(FencedPeriod)
+	if e.f.Fenced() || e.fenced() != 0 {
+		t.Fatal("still fenced after a successful renewal")
+	}
+	l := e.lease()
+	fencedAt := t0.Add(11 * time.Second).Format(time.RFC3339)
+	if l.Annotations[conditions.AnnotationFencedAt] != fencedAt || !l.Spec.RenewTime.Time.Equal(t0.Add(13*time.Second)) {
+		t.Errorf("Lease after the fence: annotations %v, renewTime %v; want fenced-at %s, renewed at +13s", l.Annotations, l.Spec.RenewTime, fencedAt)
+	}
+	evs := e.rec.all()
+	if len(evs) != 1 {
+		t.Fatalf("%d Events, want 1: %+v", len(evs), evs)
+	}
+	ev := evs[0]
+	want := "Lost the API server for 13s (over --fence-after 10s): stopped 2 containers of 1 opted-in pod: batch/in"
+	if ev.typ != corev1.EventTypeWarning || ev.reason != conditions.EventReasonFenced || ev.message != want ||
+		ev.ref == nil || ev.ref.Kind != "Node" || ev.ref.Name != node || ev.ref.UID != "node-uid" {
+		t.Errorf("Event %+v (on %+v), want Warning Fenced %q on Node %s with its UID", ev, ev.ref, want, node)
+	}
+
+	// Back to normal: nothing stopped, no more Events, fenced-at stays for the record.
+	e.rt.add(cri.Container{ID: "c-in-2", Name: "main", PodNamespace: ns, PodName: "in", PodUID: "uid-in", Attempt: 2, Running: true})
+	for range 8 {
+		e.pass(2500 * time.Millisecond)
+	}
+	if got := e.rt.stopped(); len(got) != 2 || len(e.rec.all()) != 1 || e.f.Fenced() {
+		t.Errorf("after the fence: stops %v, events %d, fenced %v", got, len(e.rec.all()), e.f.Fenced())
+	}
+	if e.lease().Annotations[conditions.AnnotationFencedAt] != fencedAt {
+		t.Error("fenced-at lost by a later renewal")
+	}
+}
+
+// TestFenceFromStart: an agent that never renews (its Lease is refused from the start)
+// fences fence-after after it started.
+func TestFenceFromStart(t *testing.T) {
+	e := newTestEnv(t, makePod("in").optedIn().obj())
+	e.rt.add(running("c1", "in", "main"))
+	e.setAPIDown(true)
+	_ = e.f.renew(e.ctx)
+	e.pass(fenceAfter)
+	if e.f.Fenced() {
+		t.Fatal("fenced at fence-after after the start")
+	}
+	e.pass(time.Millisecond)
+	if !e.f.Fenced() || !slices.Equal(e.rt.stopped(), []string{"c1"}) {
+		t.Fatalf("fenced %v, stops %v: want fenced with c1 stopped", e.f.Fenced(), e.rt.stopped())
+	}
+	if e.rt.timeouts[0] != DefaultMaxStopTimeout {
+		t.Errorf("stop timeout %v for a pod with the default grace, want %v", e.rt.timeouts[0], DefaultMaxStopTimeout)
+	}
+}
+
+// TestFencedWhateverTheError: the shim sees a stale Lease whatever the reason, so an
+// agent whose renewals are refused (not a partition) fences too.
+func TestFencedWhateverTheError(t *testing.T) {
+	e := newTestEnv(t, makePod("in").optedIn().obj())
+	e.rt.add(running("c1", "in", "main"))
+	_ = e.f.renew(e.ctx)
+	e.client.PrependReactor("update", "leases", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, "x", errors.New("denied"))
+	})
+	for range 5 {
+		e.pass(2500 * time.Millisecond)
+	}
+	if !e.f.Fenced() || len(e.rt.stopped()) != 1 {
+		t.Errorf("fenced %v, stops %v: want fenced", e.f.Fenced(), e.rt.stopped())
+	}
+}
+
+// TestStopErrorsRetried: a stop that fails is tried again at the next pass, and a
+// listing error stops nothing but keeps the fence.
+func TestStopErrorsRetried(t *testing.T) {
+	e := newTestEnv(t, makePod("in").optedIn().obj())
+	e.rt.add(running("c1", "in", "main"))
+	e.rt.stopErr = map[string]error{"c1": errors.New("rpc error: code = DeadlineExceeded")}
+	e.setAPIDown(true)
+	e.pass(fenceAfter + time.Second)
+	if !e.f.Fenced() || len(e.rt.stopped()) != 0 || metrics.Value(e.m.FenceStoppedContainers) != 0 {
+		t.Fatalf("fenced %v, stops %v", e.f.Fenced(), e.rt.stopped())
+	}
+	e.rt.mu.Lock()
+	e.rt.stopErr = nil
+	e.rt.listErr = errors.New("connection refused")
+	e.rt.mu.Unlock()
+	e.pass(FencedPeriod)
+	if len(e.rt.stopped()) != 0 || !e.f.Fenced() {
+		t.Fatalf("stops %v without a listing; fenced %v", e.rt.stopped(), e.f.Fenced())
+	}
+	e.rt.mu.Lock()
+	e.rt.listErr = nil
+	e.rt.mu.Unlock()
+	e.pass(FencedPeriod)
+	if !slices.Equal(e.rt.stopped(), []string{"c1"}) {
+		t.Fatalf("stops %v, want [c1] once the runtime answers", e.rt.stopped())
+	}
+}
+
+// TestConflictRereads: someone else updated the Lease; the agent reads it again and
+// renews in the same attempt.
+func TestConflictRereads(t *testing.T) {
+	e := newTestEnv(t)
+	if err := e.f.renew(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := e.lease()
+	l.Annotations["someone"] = "else"
+	if _, err := e.client.CoordinationV1().Leases(leaseNS).Update(e.ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The fake tracker does not check resourceVersions: a conflict is injected once.
+	conflicts := 1
+	e.client.PrependReactor("update", "leases", func(clienttesting.Action) (bool, runtime.Object, error) {
+		if conflicts > 0 {
+			conflicts--
+			return true, nil, apierrors.NewConflict(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, l.Name, errors.New("modified"))
+		}
+		return false, nil, nil
+	})
+	e.clk.Step(time.Second)
+	if err := e.f.renew(e.ctx); err != nil {
+		t.Fatalf("renewal after a conflict: %v", err)
+	}
+	if got := e.lease(); !got.Spec.RenewTime.Time.Equal(t0.Add(time.Second)) || got.Annotations["someone"] != "else" {
+		t.Errorf("Lease after the conflict: renewTime %v, annotations %v", got.Spec.RenewTime, got.Annotations)
+	}
+}
+
+// TestEventWithoutNode: the Node cannot be read; the Event goes without its UID.
+func TestEventWithoutNode(t *testing.T) {
+	e := newTestEnv(t)
+	if err := e.client.Tracker().Delete(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, "", node); err != nil {
+		t.Fatal(err)
+	}
+	e.setAPIDown(true)
+	e.pass(fenceAfter + time.Second)
+	e.setAPIDown(false)
+	e.pass(FencedPeriod)
+	evs := e.rec.all()
+	if len(evs) != 1 || evs[0].ref.Name != node || evs[0].ref.UID != "" ||
+		evs[0].message != "Lost the API server for 12s (over --fence-after 10s): no container of an opted-in pod was running" {
+		t.Errorf("Events %+v", evs)
+	}
+}
+
+// TestRun drives Run on the fake clock: the Lease is renewed on its period, the fence
+// starts when renewals fail, and ends when they succeed.
+func TestRun(t *testing.T) {
+	e := newTestEnv(t, makePod("in").optedIn().obj())
+	e.rt.add(running("c1", "in", "main"))
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.f.Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	until := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 10s", what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	renewedAt := func(at time.Time) func() bool {
+		return func() bool {
+			l, err := e.client.CoordinationV1().Leases(leaseNS).Get(ctx, conditions.AgentLeaseName(node), metav1.GetOptions{})
+			return err == nil && l.Spec.RenewTime.Time.Equal(at)
+		}
+	}
+	// step moves the fake clock in small steps, once both loops wait on it.
+	step := func(d time.Duration) {
+		for d > 0 {
+			s := min(d, 250*time.Millisecond)
+			until("the loops waiting", e.clk.HasWaiters)
+			time.Sleep(2 * time.Millisecond)
+			e.clk.Step(s)
+			d -= s
+		}
+	}
+	until("the first renewal", renewedAt(t0))
+	step(2500 * time.Millisecond)
+	until("the second renewal", renewedAt(t0.Add(2500*time.Millisecond)))
+
+	e.setAPIDown(true)
+	step(fenceAfter + 2*time.Second)
+	until("the fence", func() bool { return e.f.Fenced() && len(e.rt.stopped()) == 1 })
+
+	e.setAPIDown(false)
+	step(2 * time.Second)
+	until("the end of the fence", func() bool { return !e.f.Fenced() && len(e.rec.all()) == 1 })
+	if e.fenced() != 0 {
+		t.Error("the gauge is still 1")
+	}
+}

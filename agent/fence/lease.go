@@ -1,0 +1,50 @@
+package fence
+
+import (
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/coroner-dev/coroner/conditions"
+)
+
+// LeaseLabel marks the agents' Leases: kubectl get leases -l app.kubernetes.io/name=coroner-agent.
+const LeaseLabel = "app.kubernetes.io/name"
+
+// DesiredLease is the agent's Lease after a renewal at now (conditions/fencing.go holds the
+// contract): cur (nil when there is none yet; not modified) with spec.holderIdentity the
+// node, spec.leaseDurationSeconds fenceAfter in whole seconds (rounded up),
+// spec.renewTime now, spec.acquireTime now when the Lease is new or was held by another,
+// and the annotation conditions.AnnotationFenceAfter. When fencedAt is not zero (the
+// agent is fenced and this renewal ends it), conditions.AnnotationFencedAt records it;
+// once written, it stays until the next fence.
+func DesiredLease(cur *coordinationv1.Lease, namespace, node string, fenceAfter time.Duration, now, fencedAt time.Time) *coordinationv1.Lease {
+	var l *coordinationv1.Lease
+	if cur != nil {
+		l = cur.DeepCopy()
+	} else {
+		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
+			Name: conditions.AgentLeaseName(node), Namespace: namespace,
+			Labels: map[string]string{LeaseLabel: "coroner-agent"},
+		}}
+	}
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[conditions.AnnotationFenceAfter] = fenceAfter.String()
+	if !fencedAt.IsZero() {
+		l.Annotations[conditions.AnnotationFencedAt] = fencedAt.UTC().Format(time.RFC3339)
+	}
+	renewed := metav1.NewMicroTime(now)
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != node || l.Spec.AcquireTime == nil {
+		acquired := renewed
+		l.Spec.AcquireTime = &acquired
+	}
+	holder := node
+	l.Spec.HolderIdentity = &holder
+	secs := int32((fenceAfter + time.Second - 1) / time.Second)
+	l.Spec.LeaseDurationSeconds = &secs
+	l.Spec.RenewTime = &renewed
+	return l
+}

@@ -1,0 +1,379 @@
+package agent_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/coroner-dev/coroner/agent"
+	"github.com/coroner-dev/coroner/agent/fence"
+	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/test/containerd"
+	"github.com/coroner-dev/coroner/test/integration/agent/kubeletsim"
+)
+
+// apiProxy forwards TCP connections to the API server, so that a test can cut one agent
+// off the shared API server (Cut: every connection closed, new ones closed at once) and
+// let it back (Restore) while the API server keeps serving everyone else.
+type apiProxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	cut   bool
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+// startProxy listens on 127.0.0.1 and forwards to target (host:port) until the test ends.
+func startProxy(t *testing.T, target string) *apiProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &apiProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.Cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+// Addr is the proxy's host:port.
+func (p *apiProxy) Addr() string { return p.ln.Addr().String() }
+
+func (p *apiProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !p.track(c) {
+			_ = c.Close()
+			continue
+		}
+		p.wg.Add(1)
+		go p.forward(c)
+	}
+}
+
+// track remembers an open connection; false while cut.
+func (p *apiProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cut {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *apiProxy) untrack(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range cs {
+		delete(p.conns, c)
+		_ = c.Close()
+	}
+}
+
+func (p *apiProxy) forward(down net.Conn) {
+	defer p.wg.Done()
+	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	if err != nil {
+		p.untrack(down)
+		return
+	}
+	if !p.track(up) {
+		_ = up.Close()
+		p.untrack(down)
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(up, down)
+		p.untrack(up, down)
+		close(done)
+	}()
+	_, _ = io.Copy(down, up)
+	p.untrack(up, down)
+	<-done
+}
+
+// Cut closes every connection and refuses new ones (accepted, then closed at once).
+func (p *apiProxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for c := range p.conns {
+		_ = c.Close()
+		delete(p.conns, c)
+	}
+}
+
+// Restore lets connections through again.
+func (p *apiProxy) Restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = false
+}
+
+// startFencingAgent runs agent.Run for node with --fencing and --fence-after, its Lease in
+// leaseNS, talking to the API server at host (the proxy).
+func startFencingAgent(t *testing.T, f *fixture, node, host string, fenceAfter time.Duration) *runningAgent {
+	t.Helper()
+	opts := agent.NewOptions()
+	opts.NodeName = node
+	opts.RuntimeEndpoint = f.cri.Endpoint
+	opts.PhaseGrace = phaseGrace
+	opts.MetricsAddress = freeAddr(t)
+	opts.QPS, opts.Burst = 50, 100
+	opts.Fencing, opts.FenceAfter, opts.LeaseNamespace = true, fenceAfter, f.ns
+	if err := opts.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.CopyConfig(f.api.Config)
+	cfg.Host = "https://" + host
+	cfg.QPS, cfg.Burst = opts.QPS, opts.Burst
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(ctx, cfg, opts) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("agent.Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("agent.Run did not return within 30s of its context's end")
+		}
+	})
+	a := &runningAgent{addr: opts.MetricsAddress}
+	waitFor(t, "the agent serving /metrics", func() bool {
+		_, err := a.scrape()
+		return err == nil
+	})
+	return a
+}
+
+// TestFencing (A6): an agent with --fencing renews its Lease; cut off from the API server
+// for longer than --fence-after it stops the containers of its node's opted-in pod, and
+// only those, again when the kubelet starts one anew; back, it records fenced-at on the
+// Lease and a Fenced Event on the Node, and is no longer fenced.
+func TestFencing(t *testing.T) {
+	const (
+		node       = "node-fence"
+		fenceAfter = 10 * time.Second
+	)
+	renewPeriod := fence.RenewPeriod(fenceAfter)
+	f := newFixture(t)
+	ctx := f.ctx
+
+	// The Node, as its kubelet registered it.
+	n, err := f.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+
+	// PID 1 of a container ignores SIGTERM unless it handles it: these exit at once.
+	cmd := []string{"sh", "-c", `trap "exit 143" TERM; while :; do sleep 0.1; done`}
+	in := f.fencePod(node, "opted-in", map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"},
+		containerd.Container{Name: "main", Command: cmd}, containerd.Container{Name: "restarted", Command: cmd})
+	out := f.fencePod(node, "not-opted-in", nil, containerd.Container{Name: "main", Command: cmd})
+	inID := f.start(in)
+	outID := f.start(out)
+
+	u, err := url.Parse(f.api.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startProxy(t, u.Host)
+	a := startFencingAgent(t, f, node, proxy.Addr(), fenceAfter)
+
+	// The Lease, renewed.
+	leases := f.client.CoordinationV1().Leases(f.ns)
+	lease := func() *coordinationv1.Lease {
+		t.Helper()
+		l, err := leases.Get(ctx, conditions.AgentLeaseName(node), metav1.GetOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		return l
+	}
+	var l *coordinationv1.Lease
+	waitFor(t, "the agent's Lease", func() bool {
+		l = lease()
+		return l != nil && l.Spec.RenewTime != nil
+	})
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != node || l.Spec.LeaseDurationSeconds == nil || *l.Spec.LeaseDurationSeconds != 10 ||
+		l.Annotations[conditions.AnnotationFenceAfter] != "10s" || l.Spec.AcquireTime == nil {
+		t.Fatalf("Lease spec %+v, annotations %v: want holder %s, 10s, acquired, annotation fence-after 10s", l.Spec, l.Annotations, node)
+	}
+	if st := conditions.NodeFenced(l, time.Now(), time.Second); st.Fenced {
+		t.Errorf("the shim would read the fresh Lease as fenced: %+v", st)
+	}
+	first := l.Spec.RenewTime.Time
+	waitFor(t, "a renewal", func() bool {
+		l = lease()
+		return l.Spec.RenewTime.After(first)
+	})
+	t.Logf("Lease renewed %v after its first renewal (period %v)", l.Spec.RenewTime.Sub(first).Round(time.Millisecond), renewPeriod)
+	if v := a.metric(t, "coroner_agent_fenced"); v != 0 {
+		t.Fatalf("fenced = %v before the cut", v)
+	}
+
+	// Cut the agent off. Its last renewal is at least the one just read (whose answer has
+	// reached it by now), at most the last one the API server has.
+	time.Sleep(200 * time.Millisecond)
+	knownRenewal := lease().Spec.RenewTime.Time
+	cut := time.Now()
+	proxy.Cut()
+	lastRenewal := lease().Spec.RenewTime.Time
+
+	var finished time.Time
+	deadline := time.Now().Add(fenceAfter + 8*time.Second)
+	for {
+		st, err := in.Status(ctx, inID)
+		if err == nil && st.GetState().String() == "CONTAINER_EXITED" {
+			finished = kubeletsim.FinishedAt(st)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the opted-in container still runs %v after the cut (fence-after %v)", time.Since(cut).Round(time.Millisecond), fenceAfter)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("cut -> opted-in container stopped: %v (its exit %v after the Lease's last renewTime; fence-after %v)",
+		finished.Sub(cut).Round(time.Millisecond), finished.Sub(lastRenewal).Round(time.Millisecond), fenceAfter)
+	if finished.Before(knownRenewal.Add(fenceAfter)) {
+		t.Errorf("stopped at %v, before the agent's last renewal (%v at the latest) + fence-after", finished, knownRenewal)
+	}
+	// What the shim relies on: stopped well within renewTime + fence-after + its margin.
+	if late := finished.Sub(lastRenewal.Add(fenceAfter)); late > 3*time.Second {
+		t.Errorf("stopped %v after the Lease's renewTime + fence-after", late)
+	}
+	if v := a.metric(t, "coroner_agent_fenced"); v != 1 {
+		t.Errorf("fenced = %v while cut off", v)
+	}
+
+	// The kubelet starts a container of the opted-in pod anew: stopped too.
+	restartedID, err := in.StartContainer(ctx, "restarted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	waitFor(t, "the new container stopped", func() bool {
+		st, err := in.Status(ctx, restartedID)
+		return err == nil && st.GetState().String() == "CONTAINER_EXITED"
+	})
+	t.Logf("a container started while fenced stopped after %v", time.Since(started).Round(time.Millisecond))
+	if v := a.metric(t, "coroner_agent_fence_stopped_containers_total"); v != 2 {
+		t.Errorf("fence_stopped_containers_total = %v, want 2", v)
+	}
+	f.wantRunning(out, outID, "the pod that is not opted in")
+	if got := lease().Spec.RenewTime.Time; !got.Equal(lastRenewal) {
+		t.Errorf("the Lease was renewed while cut off: %v, then %v", lastRenewal, got)
+	}
+
+	// Back: fenced-at on the Lease, renewals again, one Fenced Event on the Node.
+	restored := time.Now()
+	proxy.Restore()
+	waitFor(t, "fenced-at on the Lease", func() bool {
+		l = lease()
+		_, ok := l.Annotations[conditions.AnnotationFencedAt]
+		return ok
+	})
+	t.Logf("fenced-at written %v after the restore", time.Since(restored).Round(time.Millisecond))
+	fencedAt, err := time.Parse(time.RFC3339, l.Annotations[conditions.AnnotationFencedAt])
+	if err != nil {
+		t.Fatalf("fenced-at %q: %v", l.Annotations[conditions.AnnotationFencedAt], err)
+	}
+	if fencedAt.Before(knownRenewal.Add(fenceAfter).Truncate(time.Second)) || fencedAt.After(finished) {
+		t.Errorf("fenced-at %v, want between the last renewal + fence-after (%v) and the stop (%v)", fencedAt, knownRenewal.Add(fenceAfter), finished)
+	}
+	if !l.Spec.RenewTime.After(restored.Add(-time.Second)) {
+		t.Errorf("renewTime %v, not renewed since the restore at %v", l.Spec.RenewTime, restored)
+	}
+	renewedAgain := l.Spec.RenewTime.Time
+	waitFor(t, "renewals after the fence", func() bool { return lease().Spec.RenewTime.After(renewedAgain) })
+
+	var ev corev1.Event
+	waitFor(t, "the Fenced Event", func() bool {
+		evs, err := f.client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: fields.Set{
+			"involvedObject.kind": "Node", "involvedObject.name": node, "involvedObject.uid": string(n.UID),
+			"reason": conditions.EventReasonFenced,
+		}.String()})
+		if err != nil || len(evs.Items) == 0 {
+			return false
+		}
+		if len(evs.Items) > 1 || evs.Items[0].Count > 1 {
+			t.Fatalf("%d Fenced Events (count %d), want one: %+v", len(evs.Items), evs.Items[0].Count, evs.Items)
+		}
+		ev = evs.Items[0]
+		return true
+	})
+	t.Logf("Event %s %s: %q", ev.Type, ev.Reason, ev.Message)
+	if ev.Type != corev1.EventTypeWarning || ev.InvolvedObject.UID != n.UID || ev.Source.Component != agent.Component {
+		t.Errorf("Event %+v: want a Warning from %s on the Node with UID %s", ev, agent.Component, n.UID)
+	}
+	if !strings.Contains(ev.Message, f.ns+"/opted-in") || strings.Contains(ev.Message, "not-opted-in") ||
+		!strings.Contains(ev.Message, "stopped 2 containers of 1 opted-in pod") || !strings.Contains(ev.Message, "--fence-after 10s") {
+		t.Errorf("Event message %q: want the 2 containers of %s/opted-in, and no other pod", ev.Message, f.ns)
+	}
+	waitFor(t, "the fence gauge back to 0", func() bool { return a.metric(t, "coroner_agent_fenced") == 0 })
+	f.wantRunning(out, outID, "the pod that is not opted in, after the fence")
+}
+
+// fencePod creates a pod on node with the given annotations and containers (started with
+// f.start for "main", or StartContainer); the test's end removes it.
+func (f *fixture) fencePod(node, name string, annotations map[string]string, containers ...containerd.Container) *kubeletsim.Pod {
+	f.t.Helper()
+	p, err := f.node(node).CreatePod(f.ctx, f.ns, name, kubeletsim.PodOptions{Annotations: annotations, Containers: containers})
+	if p != nil {
+		f.t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if p.SandboxID != "" {
+				_ = p.Remove(ctx)
+			}
+			_ = p.ForceDelete(ctx)
+		})
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return p
+}
+
+// wantRunning fails the test unless the container runs.
+func (f *fixture) wantRunning(p *kubeletsim.Pod, id, what string) {
+	f.t.Helper()
+	st, err := p.Status(f.ctx, id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if st.GetState().String() != "CONTAINER_RUNNING" {
+		f.t.Errorf("%s: container %v (exit %d), want it running", what, st.GetState(), st.GetExitCode())
+	}
+}
