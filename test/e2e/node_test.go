@@ -15,12 +15,16 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	batchv1 "k8s.io/api/batch/v1"
+
+	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/images"
 )
 
 // TestDisruptions runs the tests that disturb a node, one after the other (the parallel
 // tests meanwhile run on the quiet node): a node OOM on lab-node-2, a preemption on
-// lab-node-3, a drain, then lab-node-3 partitioned while lab-node-2's kubelet is killed.
+// lab-node-3, a drain, a zombie pod recovered from a partitioned node, then lab-node-3
+// partitioned while lab-node-2's kubelet is killed.
 func TestDisruptions(t *testing.T) {
 	if suite.skip != "" {
 		t.Skip(suite.skip)
@@ -33,6 +37,7 @@ func TestDisruptions(t *testing.T) {
 		{"NodeOOMIgnored", nodeOOM},
 		{"PreemptionIgnored", preemption},
 		{"NodeDrained", drain},
+		{"ZombieRecovered", zombie},
 		{"NodeLoss", nodeLoss},
 	} {
 		if !t.Run(tc.name, tc.f) {
@@ -189,5 +194,96 @@ func TestAgentRefusedOnAnotherNode(t *testing.T) {
 		case !tc.allowed:
 			t.Logf("refused as it should be: %v", err)
 		}
+	}
+}
+
+// zombie (part of TestDisruptions): the node of a running opted-in Job pod is taken off
+// the network. The node controller taints it unreachable, the taint manager evicts the
+// pod after its 5s toleration, and the pod stays terminating: no kubelet can confirm it
+// stopped. coroner-shim fails it and force-deletes it (ForcefullyTerminated: NodeUnreachable
+// after --zombie-threshold, or NodeFenced once the node's agent has fenced), the Ignore rule
+// on DisruptionTarget replaces it without counting, and the replacement completes the Job
+// on another node while the first node is still cut off.
+func zombie(t *testing.T) {
+	ctx, ns := setup(t, 5*time.Minute)
+	j := disruptedOnce("zombie", ns, 1, "true")
+	spec := &j.Spec.Template.Spec
+	j.Spec.Template.Annotations = map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"}
+	spec.Tolerations = []corev1.Toleration{
+		{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](5)},
+		{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](5)},
+	}
+	spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: hostnameLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{oomNode, busyNode}}},
+		}}},
+	}}
+	createJob(ctx, t, j)
+	first := waitRunning(ctx, t, ns, j.Name, 1, time.Minute)[0]
+	node := first.Spec.NodeName
+
+	start := time.Now()
+	coronerctl(ctx, t, "chaos", "partition", node)
+	healed := false
+	heal := func() {
+		if !healed {
+			healed = true
+			coronerctl(context.Background(), t, "chaos", "heal", node)
+		}
+	}
+	t.Cleanup(heal)
+
+	var recovered *corev1.Pod
+	waitPod(ctx, t, ns, first.Name, "forcefully terminated", 3*time.Minute, func(p *corev1.Pod) bool {
+		if p != nil && condition(p, conditions.ForcefullyTerminated) != nil {
+			recovered = p.DeepCopy()
+		}
+		return p == nil || recovered != nil
+	})
+	took := time.Since(start)
+	if recovered != nil {
+		c := condition(recovered, conditions.ForcefullyTerminated)
+		t.Logf("%s recovered %v after the partition: %s: %s", first.Name, took.Round(100*time.Millisecond), c.Reason, c.Message)
+		if c.Reason != conditions.ReasonNodeUnreachable && c.Reason != conditions.ReasonNodeFenced {
+			t.Errorf("ForcefullyTerminated reason %s, want NodeUnreachable or NodeFenced", c.Reason)
+		}
+		if recovered.Status.Phase != corev1.PodFailed {
+			t.Errorf("recovered pod in phase %s, want Failed", recovered.Status.Phase)
+		}
+	}
+	wantEvent(ctx, t, ns, j.Name, conditions.EventReasonForcefullyTerminated, "pod "+ns+"/"+first.Name, node)
+
+	got := waitFinished(ctx, t, ns, j.Name, 2*time.Minute)
+	t.Logf("Job complete %v after the partition, its node still cut off", time.Since(start).Round(100*time.Millisecond))
+	wantOutcome(t, got, outcome{Condition: "Complete", Reason: batchv1.JobReasonCompletionsReached, Succeeded: 1, CompletedIndexes: "0"})
+	for _, p := range jobPods(ctx, t, ns, j.Name) {
+		if p.UID != first.UID && p.Spec.NodeName == node {
+			t.Errorf("the replacement %s ran on the partitioned node", p.Name)
+		}
+	}
+	heal()
+	waitNode(ctx, t, node, "Ready after heal", 90*time.Second, func(n *corev1.Node) bool {
+		return readyStatus(n) == corev1.ConditionTrue && !hasTaint(n, corev1.TaintNodeUnreachable, "")
+	})
+	// The node's agent (fencing on in the lab, after 30s) stopped the pod's container while
+	// cut off, and says so on the Node once it is back.
+	var fenced string
+	err := poll(ctx, time.Minute, "a Fenced Event on "+node+" naming "+first.Name, func() (bool, error) {
+		evs, err := suite.cs.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + node + ",reason=" + conditions.EventReasonFenced})
+		if err != nil {
+			return false, nil
+		}
+		for _, e := range evs.Items {
+			if e.LastTimestamp.After(start) && strings.Contains(e.Message, ns+"/"+first.Name) {
+				fenced = e.Message
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Error(err)
+	} else {
+		t.Logf("the agent of %s: %s", node, fenced)
 	}
 }
