@@ -94,9 +94,12 @@ type Config struct {
 	// one built from Client.
 	Recorder record.EventRecorder
 	// Fencing, when not nil, turns fencing on (A6, agent/fence): its Namespace,
-	// FenceAfter and Runtime (and optionally Client and MaxStopTimeout) are the caller's;
-	// the agent fills in its NodeName, Client when nil, Pods (its pod cache), Recorder,
-	// Metrics and Clock. Nil: no Lease, nothing is ever stopped.
+	// FenceAfter and Runtime (and optionally Client, MaxStopTimeout and Start) are the
+	// caller's; the agent fills in its NodeName, Client when nil, Pods (its pod cache),
+	// Recorder, Metrics and Clock. A Runtime that also lists the pod sandboxes
+	// (fence.SandboxLister, as cri.RuntimeClient does) lets the fence find opted-in pods
+	// the pod cache does not know, as when the agent started cut off from the API server.
+	// Nil: no Lease, nothing is ever stopped.
 	Fencing *fence.Config
 }
 

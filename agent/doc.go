@@ -8,7 +8,8 @@
 // # The pieces
 //
 //   - Options (flags) and Run, what cmd/coroner-agent calls: it checks the API server
-//     (ServerCheckTimeout; unreachable at start is an error), starts the runtime watcher
+//     (ServerCheckTimeout; unreachable at start is an error, except with --fencing, see
+//     Fencing below), starts the runtime watcher
 //     (cri.Watcher), the kernel log reader (agent/kmsg) and /metrics and /healthz, and
 //     runs an Agent.
 //   - Agent, usable in tests with an injected cri.Source (cri/crifake), clientset, pod
@@ -75,15 +76,26 @@
 // leaseDurationSeconds and the annotation coroner.dev/fence-after (conditions/fencing.go
 // is the contract with the shim). When no renewal has succeeded for --fence-after (or,
 // before the first, since the start), the agent is fenced (coroner_agent_fenced 1):
-// every second it lists the runtime's running containers (cri.RuntimeClient) and stops
-// those of the pods in its cache that are bound to its node, opted in to forceful
-// deletion and not terminal (fence.ToStop), with the pod's grace period capped at 10s,
-// counting them in coroner_agent_fence_stopped_containers_total; it never touches a pod
+// every second it lists the runtime's running containers and pod sandboxes
+// (cri.RuntimeClient) and stops those of its node's pods that are opted in to forceful
+// deletion (fence.ToStop): the pods in its cache that are bound to its node, opted in and
+// not terminal, and the pods the cache does not know whose sandbox's annotations (the
+// kubelet's copy of the pod's) opt in; with the pod's grace period capped at 10s,
+// counting them in coroner_agent_fence_stopped_containers_total. It never touches a pod
 // that is not opted in. The pod cache outlives the connection to the API server, so the
-// agent knows its pods while partitioned. The first renewal that succeeds again also
+// agent knows its pods while partitioned; the sandboxes cover an agent that (re)started
+// while partitioned, whose cache is empty. The first renewal that succeeds again also
 // writes coroner.dev/fenced-at on the Lease and ends the fence; then the agent emits
 // one Warning Event Fenced on the Node naming the pods it stopped. Without --fencing
 // there is no Lease and nothing is ever stopped.
+//
+// With --fencing, an API server that does not answer at start does not stop the agent
+// (an agent that exited would never fence, while the shim takes its node for fenced from
+// the stale Lease): it logs it and starts; its start counts as its last renewal, so it
+// fences --fence-after after it unless a renewal succeeds first. It cannot read when the
+// Lease was last renewed, which is before its start: it fences later than the shim
+// expects by about the time it took to restart (agent/fence explains this residual
+// window).
 //
 // # Health
 //

@@ -37,28 +37,51 @@ const (
 // opts.RuntimeEndpoint (cri.Watcher), the kernel log at opts.KmsgPath, and /metrics and
 // /healthz on opts.MetricsAddress ("0": off). opts must be valid (Validate).
 //
-// It fails at once, with an error that says so, when the API server cannot be reached at
-// start or the metrics address cannot be bound. A container runtime that is not there
-// (no socket, not a CRI runtime) is not an error: the agent keeps running and
-// reconnecting, /healthz answers 503 with the reason and the log says why, so that a
-// runtime started after the agent, or restarted, is picked up. A kernel log it cannot
-// read (no CAP_SYSLOG) is logged, and OOM kills are then classified without the
-// kernel's reports.
+// Without opts.Fencing it fails at once, with an error that says so, when the API server
+// cannot be reached at start; with it, it starts anyway (below). It fails at once when the
+// metrics address cannot be bound. A container runtime that is not there (no socket, not
+// a CRI runtime) is not an error: the agent keeps running and reconnecting, /healthz
+// answers 503 with the reason and the log says why, so that a runtime started after the
+// agent, or restarted, is picked up. A kernel log it cannot read (no CAP_SYSLOG) is
+// logged, and OOM kills are then classified without the kernel's reports.
 //
 // With opts.Fencing (A6) the agent also renews its Lease coroner-agent-<node> in
 // opts.LeaseNamespace and, when no renewal has succeeded for opts.FenceAfter, stops the
 // containers of its node's opted-in pods over CRI (cri.RuntimeClient, a connection of its
 // own to opts.RuntimeEndpoint) until one does: see agent/fence. The Lease has an API
-// client of its own (LeaseClientQPS), so that pod writes never hold up a renewal. Without it there is no
-// Lease and nothing is ever stopped.
+// client of its own (LeaseClientQPS), so that pod writes never hold up a renewal. Without
+// it there is no Lease and nothing is ever stopped.
+//
+// With opts.Fencing an API server that cannot be reached at start is logged, not an
+// error, and not waited for (the check runs beside the start): an agent that exited then
+// would crash-loop and never fence, while the shim, which reads the Lease's stale
+// renewTime, takes its node for fenced. The start, the moment Run is called, counts as
+// the agent's last renewal (fence.Config.Start): the node is fenced opts.FenceAfter after
+// it unless a renewal succeeds first, and the opted-in pods, which the empty pod cache
+// does not know, are found from their sandboxes' annotations (the kubelet's copy of the
+// pod's). The Lease's renewTime is older than the start, so the agent fences later than
+// the shim expects by about the time it took to restart: agent/fence says why this is
+// the earliest it can, and what is left.
 func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
+	start := time.Now()
 	logger := klog.FromContext(ctx)
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("building the client: %w", err)
 	}
-	if err := checkServer(ctx, client); err != nil {
-		return fmt.Errorf("cannot reach the API server at %s: %w", cfg.Host, err)
+	if !opts.Fencing {
+		if err := checkServer(ctx, client); err != nil {
+			return fmt.Errorf("cannot reach the API server at %s: %w", cfg.Host, err)
+		}
+	} else {
+		// Not waited for: the fence clock runs from the start, whatever the answer.
+		go func() {
+			if err := checkServer(ctx, client); err != nil && ctx.Err() == nil {
+				logger.Error(err, "Cannot reach the API server at start; starting anyway, since --fencing is on: the node is fenced (the containers of its opted-in pods stopped) --fence-after after the start unless the fencing Lease is renewed by then",
+					"host", cfg.Host, "start", start.UTC().Format(time.RFC3339Nano), "fenceAfter", opts.FenceAfter,
+					"fencesAt", start.Add(opts.FenceAfter).UTC().Format(time.RFC3339Nano))
+			}
+		}()
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -102,7 +125,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		if err != nil {
 			return fmt.Errorf("building the Lease client: %w", err)
 		}
-		fencing = &fence.Config{Namespace: opts.LeaseNamespace, FenceAfter: opts.FenceAfter, Runtime: rt, Client: leaseClient}
+		fencing = &fence.Config{Namespace: opts.LeaseNamespace, FenceAfter: opts.FenceAfter, Runtime: rt, Client: leaseClient, Start: start}
 	} else {
 		logger.Info("Fencing is off (no --fencing): no Lease, the agent never stops containers")
 	}

@@ -29,8 +29,24 @@ type Container struct {
 	Running bool
 }
 
+// Sandbox is a pod sandbox the runtime lists, with its pod's identity from the kubelet's
+// labels and the annotations the kubelet gave it: a copy of the pod's annotations when it
+// created the sandbox (PodSandboxConfig.Annotations), so that whether the pod is opted in
+// to forceful deletion can be read without the API server.
+type Sandbox struct {
+	// ID is the runtime's id of the sandbox (Container.SandboxID).
+	ID                            string
+	PodNamespace, PodName, PodUID string
+	// Annotations are the sandbox's (not nil; not to be modified).
+	Annotations map[string]string
+	// Ready: the runtime reports the sandbox ready (its pause process runs). A sandbox
+	// that is not ready may still have running containers until the kubelet stops them.
+	Ready bool
+}
+
 // RuntimeClient makes the few CRI calls the agent makes besides watching: listing the
-// running containers and stopping one (fencing, requirement A6). It has its own
+// running containers and the pod sandboxes, and stopping a container (fencing,
+// requirement A6). It has its own
 // connection to the runtime, independent of a Watcher's, so that it works whatever state
 // the Watcher's session is in; gRPC reconnects it as needed (at most MaxBackoff apart).
 type RuntimeClient struct {
@@ -101,6 +117,45 @@ func containerOf(rc *runtimeapi.Container) (Container, bool) {
 		PodNamespace: l[LabelPodNamespace], PodName: l[LabelPodName], PodUID: l[LabelPodUID],
 		Attempt: rc.GetMetadata().GetAttempt(),
 		Running: rc.GetState() == runtimeapi.ContainerState_CONTAINER_RUNNING,
+	}, true
+}
+
+// Sandboxes lists the pod sandboxes that carry the kubelet's pod labels
+// (io.kubernetes.pod.namespace, .name and .uid; others, made by another CRI client, are
+// left out), ready or not, with their annotations: a running container's sandbox is
+// listed whatever its state (containers can outlive their sandbox's pause process), so
+// that a caller that lists the containers first finds the sandbox of each.
+func (c *RuntimeClient) Sandboxes(ctx context.Context) ([]Sandbox, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.callTimeout)
+	defer cancel()
+	r, err := c.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("CRI endpoint %s: ListPodSandbox: %w", c.endpoint, err)
+	}
+	out := make([]Sandbox, 0, len(r.GetItems()))
+	for _, rs := range r.GetItems() {
+		if s, ok := sandboxOf(rs); ok {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// sandboxOf maps a listed sandbox with the kubelet's pod labels.
+func sandboxOf(rs *runtimeapi.PodSandbox) (Sandbox, bool) {
+	l := rs.GetLabels()
+	if l[LabelPodNamespace] == "" || l[LabelPodName] == "" || l[LabelPodUID] == "" || rs.GetId() == "" {
+		return Sandbox{}, false
+	}
+	ann := rs.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	return Sandbox{
+		ID:           rs.GetId(),
+		PodNamespace: l[LabelPodNamespace], PodName: l[LabelPodName], PodUID: l[LabelPodUID],
+		Annotations: ann,
+		Ready:       rs.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY,
 	}, true
 }
 

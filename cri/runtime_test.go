@@ -13,10 +13,22 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// stoppingRuntime is a fakeRuntime that also serves StopContainer.
+// stoppingRuntime is a fakeRuntime that also serves StopContainer and ListPodSandbox.
 type stoppingRuntime struct {
 	*fakeRuntime
 	stops []*runtimeapi.StopContainerRequest // guarded by fakeRuntime.mu
+	pods  []*runtimeapi.PodSandbox           // ListPodSandbox's answer; guarded by fakeRuntime.mu
+}
+
+// ListPodSandbox lists the sandboxes the test set, as a runtime lists them: every one,
+// whatever its state, when the request has no filter.
+func (f *stoppingRuntime) ListPodSandbox(_ context.Context, r *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r.GetFilter() != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "unexpected filter %v", r.GetFilter())
+	}
+	return &runtimeapi.ListPodSandboxResponse{Items: f.pods}, nil
 }
 
 // StopContainer marks a container exited, as a runtime does once it has stopped it, and
@@ -82,6 +94,49 @@ func TestRuntimeClient(t *testing.T) {
 	}
 }
 
+// TestRuntimeClientSandboxes: the sandboxes with the kubelet's pod labels, ready or not,
+// with their annotations (the pod's, as the kubelet copies them).
+func TestRuntimeClientSandboxes(t *testing.T) {
+	path := socketIn(t)
+	podLabels := func(ns, pod string) map[string]string {
+		return map[string]string{LabelPodNamespace: ns, LabelPodName: pod, LabelPodUID: "uid-" + pod, "app": pod}
+	}
+	rt := &stoppingRuntime{fakeRuntime: newFakeRuntime("containerd", false), pods: []*runtimeapi.PodSandbox{
+		{Id: "sb-a", State: runtimeapi.PodSandboxState_SANDBOX_READY, Labels: podLabels("ns", "a"),
+			Annotations: map[string]string{"coroner.dev/safe-to-forcefully-delete": "true", "kubernetes.io/config.source": "api"}},
+		{Id: "sb-b", State: runtimeapi.PodSandboxState_SANDBOX_NOTREADY, Labels: podLabels("ns", "b")},
+		{Id: "sb-other", State: runtimeapi.PodSandboxState_SANDBOX_READY, Labels: map[string]string{"app": "not-the-kubelet"},
+			Annotations: map[string]string{"coroner.dev/safe-to-forcefully-delete": "true"}},
+		{Id: "sb-no-uid", State: runtimeapi.PodSandboxState_SANDBOX_READY, Labels: map[string]string{LabelPodNamespace: "ns", LabelPodName: "c"}},
+	}}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(srv, rt)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+
+	c, err := NewRuntimeClient("unix://" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got, err := c.Sandboxes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Sandbox{
+		{ID: "sb-a", PodNamespace: "ns", PodName: "a", PodUID: "uid-a", Ready: true,
+			Annotations: map[string]string{"coroner.dev/safe-to-forcefully-delete": "true", "kubernetes.io/config.source": "api"}},
+		{ID: "sb-b", PodNamespace: "ns", PodName: "b", PodUID: "uid-b", Annotations: map[string]string{}},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Sandboxes (-want +got):\n%s", diff)
+	}
+}
+
 func TestRuntimeClientWithoutRuntime(t *testing.T) {
 	if _, err := NewRuntimeClient("tcp://127.0.0.1:1"); err == nil {
 		t.Error("a tcp endpoint was accepted")
@@ -95,5 +150,8 @@ func TestRuntimeClientWithoutRuntime(t *testing.T) {
 	defer cancel()
 	if _, err := c.RunningContainers(ctx); err == nil {
 		t.Error("RunningContainers without a runtime succeeded")
+	}
+	if _, err := c.Sandboxes(ctx); err == nil {
+		t.Error("Sandboxes without a runtime succeeded")
 	}
 }

@@ -57,6 +57,15 @@ func running(id, pod, name string) cri.Container {
 	return cri.Container{ID: id, SandboxID: "sb-" + pod, Name: name, PodNamespace: ns, PodName: pod, PodUID: "uid-" + pod, Running: true}
 }
 
+// sandbox is pod's ready sandbox ("sb-<pod>", as running names it) with annotations.
+func sandbox(pod string, annotations map[string]string) cri.Sandbox {
+	return cri.Sandbox{ID: "sb-" + pod, PodNamespace: ns, PodName: pod, PodUID: "uid-" + pod, Annotations: annotations, Ready: true}
+}
+
+// optIn are the annotations of a pod opted in to forceful deletion, as the kubelet copies
+// them onto its sandbox.
+var optIn = map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true", "kubernetes.io/config.source": "api"}
+
 func TestRenewPeriodAndRequestTimeout(t *testing.T) {
 	for _, tc := range []struct {
 		fenceAfter          time.Duration
@@ -105,6 +114,7 @@ func TestToStop(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		pods       []*corev1.Pod
+		sandboxes  []cri.Sandbox
 		containers []cri.Container
 		want       []Target
 	}{
@@ -113,8 +123,8 @@ func TestToStop(t *testing.T) {
 			pods:       []*corev1.Pod{makePod("a").optedIn().grace(5).obj()},
 			containers: []cri.Container{running("c2", "a", "side"), running("c1", "a", "main")},
 			want: []Target{
-				{Container: running("c1", "a", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "a"}, Timeout: 5 * time.Second},
-				{Container: running("c2", "a", "side"), Pod: types.NamespacedName{Namespace: ns, Name: "a"}, Timeout: 5 * time.Second},
+				{Container: running("c1", "a", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "a"}, Timeout: 5 * time.Second, OptedInBy: OptedInByPod},
+				{Container: running("c2", "a", "side"), Pod: types.NamespacedName{Namespace: ns, Name: "a"}, Timeout: 5 * time.Second, OptedInBy: OptedInByPod},
 			},
 		},
 		{
@@ -126,13 +136,13 @@ func TestToStop(t *testing.T) {
 			name:       "Kueue's annotation opts in too",
 			pods:       []*corev1.Pod{kueue.obj()},
 			containers: []cri.Container{running("c1", "kueue", "main")},
-			want:       []Target{{Container: running("c1", "kueue", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "kueue"}, Timeout: maxStop}},
+			want:       []Target{{Container: running("c1", "kueue", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "kueue"}, Timeout: maxStop, OptedInBy: OptedInByPod}},
 		},
 		{
 			name:       "mixed: only the opted-in pod's container",
 			pods:       []*corev1.Pod{makePod("in").optedIn().obj(), makePod("out").obj()},
 			containers: []cri.Container{running("c1", "out", "main"), running("c2", "in", "main")},
-			want:       []Target{{Container: running("c2", "in", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "in"}, Timeout: maxStop}},
+			want:       []Target{{Container: running("c2", "in", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "in"}, Timeout: maxStop, OptedInBy: OptedInByPod}},
 		},
 		{
 			name:       "terminal pods are left alone",
@@ -143,7 +153,7 @@ func TestToStop(t *testing.T) {
 			name:       "a pending or being-deleted opted-in pod is fenced",
 			pods:       []*corev1.Pod{makePod("p").optedIn().phase(corev1.PodPending).grace(0).obj()},
 			containers: []cri.Container{running("c1", "p", "main")},
-			want:       []Target{{Container: running("c1", "p", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "p"}, Timeout: 0}},
+			want:       []Target{{Container: running("c1", "p", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "p"}, Timeout: 0, OptedInBy: OptedInByPod}},
 		},
 		{
 			name:       "a pod of another node (should one reach the cache) is not",
@@ -167,9 +177,93 @@ func TestToStop(t *testing.T) {
 		},
 		{name: "no pods", containers: []cri.Container{running("c1", "a", "main")}},
 		{name: "no containers", pods: []*corev1.Pod{makePod("a").optedIn().obj()}},
+
+		// The sandboxes' annotations: pods the cache does not know.
+		{
+			name:       "a pod only its sandbox knows: its running containers, with the capped grace",
+			sandboxes:  []cri.Sandbox{sandbox("a", optIn)},
+			containers: []cri.Container{running("c2", "a", "side"), running("c1", "a", "main")},
+			want: []Target{
+				{Container: running("c1", "a", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "a"}, Timeout: maxStop, OptedInBy: OptedInBySandbox},
+				{Container: running("c2", "a", "side"), Pod: types.NamespacedName{Namespace: ns, Name: "a"}, Timeout: maxStop, OptedInBy: OptedInBySandbox},
+			},
+		},
+		{
+			name:       "Kueue's annotation on a sandbox opts in too",
+			sandboxes:  []cri.Sandbox{sandbox("k", map[string]string{conditions.AnnotationKueueSafeToForcefullyTerminate: "true"})},
+			containers: []cri.Container{running("c1", "k", "main")},
+			want:       []Target{{Container: running("c1", "k", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "k"}, Timeout: maxStop, OptedInBy: OptedInBySandbox}},
+		},
+		{
+			name: "a sandbox that does not opt in is never touched",
+			sandboxes: []cri.Sandbox{sandbox("a", nil), sandbox("b", map[string]string{conditions.AnnotationSafeToForcefullyDelete: "false"}),
+				sandbox("c", map[string]string{"kubernetes.io/config.source": "api"})},
+			containers: []cri.Container{running("c1", "a", "main"), running("c2", "b", "main"), running("c3", "c", "main")},
+		},
+		{
+			name:       "union: the cache's opted-in pods and the sandboxes', nothing else",
+			pods:       []*corev1.Pod{makePod("cached").optedIn().grace(3).obj(), makePod("cached-out").obj()},
+			sandboxes:  []cri.Sandbox{sandbox("cached", optIn), sandbox("cached-out", nil), sandbox("only-sandbox", optIn), sandbox("sandbox-out", nil)},
+			containers: []cri.Container{running("c1", "sandbox-out", "main"), running("c2", "only-sandbox", "main"), running("c3", "cached-out", "main"), running("c4", "cached", "main"), running("c5", "stranger", "main")},
+			want: []Target{
+				{Container: running("c4", "cached", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "cached"}, Timeout: 3 * time.Second, OptedInBy: OptedInByPod},
+				{Container: running("c2", "only-sandbox", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "only-sandbox"}, Timeout: maxStop, OptedInBy: OptedInBySandbox},
+			},
+		},
+		{
+			name:       "opted in by the cache, not by its sandbox (annotated later): stopped",
+			pods:       []*corev1.Pod{makePod("a").optedIn().obj()},
+			sandboxes:  []cri.Sandbox{sandbox("a", nil)},
+			containers: []cri.Container{running("c1", "a", "main")},
+			want:       []Target{{Container: running("c1", "a", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "a"}, Timeout: maxStop, OptedInBy: OptedInByPod}},
+		},
+		{
+			name:       "the cache's word wins: opt-in withdrawn after the sandbox was made",
+			pods:       []*corev1.Pod{makePod("a").obj(), makePod("b").annotation(conditions.AnnotationSafeToForcefullyDelete, "false").obj()},
+			sandboxes:  []cri.Sandbox{sandbox("a", optIn), sandbox("b", optIn)},
+			containers: []cri.Container{running("c1", "a", "main"), running("c2", "b", "main")},
+		},
+		{
+			name:       "a pod the cache knows as terminal is left alone whatever its sandbox says",
+			pods:       []*corev1.Pod{makePod("done").optedIn().phase(corev1.PodSucceeded).obj(), makePod("failed").phase(corev1.PodFailed).obj()},
+			sandboxes:  []cri.Sandbox{sandbox("done", optIn), sandbox("failed", optIn)},
+			containers: []cri.Container{running("c1", "done", "main"), running("c2", "failed", "main")},
+		},
+		{
+			name:       "a pod the cache has on another node is not stopped by its sandbox either",
+			pods:       []*corev1.Pod{makePod("a").optedIn().node("node-b").obj()},
+			sandboxes:  []cri.Sandbox{sandbox("a", optIn)},
+			containers: []cri.Container{running("c1", "a", "main")},
+		},
+		{
+			name:       "a sandbox that is not ready still opts its running containers in",
+			sandboxes:  []cri.Sandbox{func() cri.Sandbox { s := sandbox("a", optIn); s.Ready = false; return s }()},
+			containers: []cri.Container{running("c1", "a", "main")},
+			want:       []Target{{Container: running("c1", "a", "main"), Pod: types.NamespacedName{Namespace: ns, Name: "a"}, Timeout: maxStop, OptedInBy: OptedInBySandbox}},
+		},
+		{
+			name:       "a container goes by its own sandbox: another sandbox of the pod that opts in does not count",
+			sandboxes:  []cri.Sandbox{{ID: "sb-old", PodNamespace: ns, PodName: "a", PodUID: "uid-a", Annotations: optIn}, sandbox("a", nil)},
+			containers: []cri.Container{running("c1", "a", "main")},
+		},
+		{
+			name:       "a container that names another pod than its sandbox's is not stopped",
+			sandboxes:  []cri.Sandbox{sandbox("a", optIn)},
+			containers: []cri.Container{{ID: "c1", SandboxID: "sb-a", Name: "main", PodNamespace: ns, PodName: "b", PodUID: "uid-b", Running: true}},
+		},
+		{
+			name:       "exited containers of a sandbox-only pod are not stopped again",
+			sandboxes:  []cri.Sandbox{sandbox("a", optIn)},
+			containers: []cri.Container{{ID: "c1", SandboxID: "sb-a", Name: "main", PodNamespace: ns, PodName: "a", PodUID: "uid-a"}},
+		},
+		{
+			name:       "containers whose sandbox is not listed are not stopped",
+			sandboxes:  []cri.Sandbox{sandbox("a", optIn)},
+			containers: []cri.Container{running("c1", "b", "main")},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := ToStop(node, tc.pods, tc.containers, maxStop)
+			got := ToStop(node, tc.pods, tc.sandboxes, tc.containers, maxStop)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("ToStop (-want +got):\n%s", diff)
 			}
@@ -203,10 +297,11 @@ func TestMessage(t *testing.T) {
 		many[string(rune('a'+i))] = nn("p" + string(rune('a'+i)))
 	}
 	for _, tc := range []struct {
-		name    string
-		outage  time.Duration
-		stopped map[string]types.NamespacedName
-		want    string
+		name      string
+		outage    time.Duration
+		fromStart bool
+		stopped   map[string]types.NamespacedName
+		want      string
 	}{
 		{
 			name:    "several containers and pods",
@@ -226,6 +321,13 @@ func TestMessage(t *testing.T) {
 			want:   "Lost the API server for 46s (over --fence-after 45s): no container of an opted-in pod was running",
 		},
 		{
+			name:      "no renewal since the agent started",
+			outage:    47 * time.Second,
+			fromStart: true,
+			stopped:   map[string]types.NamespacedName{"c1": nn("a")},
+			want:      "Could not reach the API server for 47s since the agent started (over --fence-after 45s): stopped 1 container of 1 opted-in pod: batch/a",
+		},
+		{
 			name:    "long lists are cut",
 			outage:  time.Hour,
 			stopped: many,
@@ -233,7 +335,7 @@ func TestMessage(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := Message(tc.outage, 45*time.Second, tc.stopped); got != tc.want {
+			if got := Message(tc.outage, 45*time.Second, tc.fromStart, tc.stopped); got != tc.want {
 				t.Errorf("Message =\n%q, want\n%q", got, tc.want)
 			}
 		})

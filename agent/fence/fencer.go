@@ -14,16 +14,15 @@
 //     to seconds, the annotation coroner.dev/fence-after. Each attempt is bounded by
 //     RequestTimeout (at most 5s), so that a partition, where requests hang, is noticed.
 //     A successful write records its renewTime as the last renewal; the agent's start
-//     counts as one.
+//     (Config.Start) counts as one.
 //   - Every FencedPeriod (1s) the agent checks ShouldFence: more than --fence-after since
 //     the last renewal, whatever the reason the renewals failed (an unreachable API
 //     server, or errors: the shim sees a stale Lease either way). From then on it is
 //     fenced (coroner_agent_fenced 1): every second it lists the running containers and
-//     stops those of opted-in, non-terminal pods of its node (ToStop), as known by its
-//     pod cache, which outlives the connection to the API server; a container the
-//     kubelet restarts is stopped again at the next pass. Each container gets
-//     StopTimeout (the pod's grace period, at most 10s) between SIGTERM and SIGKILL.
-//     Pods that are not opted in are never touched.
+//     stops those of opted-in pods of its node (ToStop, below); a container the kubelet
+//     restarts is stopped again at the next pass. Each container gets StopTimeout (the
+//     pod's grace period, at most 10s) between SIGTERM and SIGKILL. Pods that are not
+//     opted in are never touched.
 //   - While fenced, the agent tries to renew every FencedPeriod. The first renewal that
 //     succeeds also writes coroner.dev/fenced-at (when the agent started fencing) and
 //     ends the fence; then the agent emits one Warning Event Fenced on the Node (Message:
@@ -31,6 +30,46 @@
 //   - The shim takes the node for fenced once renewTime + --fence-after + its margin has
 //     passed: by then the agent has fenced (at renewTime + --fence-after, plus at most
 //     FencedPeriod), and its stops have ended (at most DefaultMaxStopTimeout later).
+//
+// # Which containers
+//
+// The fence must work without the API server, so the opted-in pods come from two sources
+// the agent has without it (ToStop):
+//
+//   - the agent's pod cache (Config.Pods), which outlives the connection to the API
+//     server: pods bound to the node, opted in (conditions.OptedInToForcefulDeletion) and
+//     not terminal. A pod the cache knows is decided by the cache alone.
+//   - the runtime's pod sandboxes, when Config.Runtime also lists them (SandboxLister;
+//     cri.RuntimeClient does): the kubelet copies a pod's annotations onto its sandbox
+//     (PodSandboxConfig.Annotations), so a running container whose sandbox's annotations
+//     opt in is stopped even when the cache does not know its pod: an agent that started
+//     while cut off has an empty cache. Such a pod has no phase (all its running
+//     containers are stopped) and no known grace period (DefaultMaxStopTimeout).
+//
+// The containers are listed before the sandboxes, so that the sandbox of each running
+// container is in the second list. If the sandboxes cannot be listed, that pass goes by
+// the cache alone, and the next pass tries again.
+//
+// # An agent that (re)starts cut off from the API server
+//
+// With --fencing the agent starts even when it cannot reach the API server (agent.Run),
+// since an agent that exited would never fence while the shim, which sees only a stale
+// Lease, takes its node for fenced. It cannot read its Lease, so it does not know when
+// it (its previous run) last renewed: it counts its start as the last renewal and fences
+// --fence-after after it, unless a renewal succeeds first. That is the earliest moment it
+// can fence without risking a fence that nothing called for: the previous run may have
+// renewed just before this start (a plain restart while the API server is slow to
+// answer), and then the shim does not take the node for fenced before start +
+// --fence-after + its margin. But the Lease's renewTime is older than the start, so the
+// shim's deadline (renewTime + --fence-after + margin) comes earlier than in that best
+// case: the agent fences late by the time from renewTime to its start, less what the
+// margin leaves over (the margin minus FencedPeriod and the stop grace). That is the
+// residual window, in which the shim may already recover the opted-in pods while they
+// still run here: about the restart time (the crash, the DaemonSet's back-off), plus any
+// time the previous run spent cut off before it went down. If that run had fenced
+// already, the kubelet may have restarted the stopped containers meanwhile, and they run
+// until start + --fence-after. An agent that restarts more often than --fence-after
+// never fences.
 //
 // Without --fencing there is no Fencer: no Lease, and nothing is ever stopped.
 package fence
@@ -67,10 +106,21 @@ type Runtime interface {
 	StopContainer(ctx context.Context, id string, timeout time.Duration) error
 }
 
-var _ Runtime = (*cri.RuntimeClient)(nil)
+// SandboxLister is a Runtime that also lists the pod sandboxes with their annotations,
+// which the fence reads the opt-in of pods its cache does not know from (ToStop).
+// cri.RuntimeClient is one; a Runtime that is not goes by the pod cache alone.
+type SandboxLister interface {
+	// Sandboxes lists the pod sandboxes with the kubelet's pod labels, ready or not.
+	Sandboxes(ctx context.Context) ([]cri.Sandbox, error)
+}
 
-// Config configures a Fencer. Every field but MaxStopTimeout, Metrics and Clock is
-// required.
+var (
+	_ Runtime       = (*cri.RuntimeClient)(nil)
+	_ SandboxLister = (*cri.RuntimeClient)(nil)
+)
+
+// Config configures a Fencer. Every field but Start, MaxStopTimeout, Metrics and Clock
+// is required.
 type Config struct {
 	// NodeName is the agent's node: its Lease is conditions.AgentLeaseName(NodeName), and
 	// only pods bound to it are fenced.
@@ -81,7 +131,8 @@ type Config struct {
 	FenceAfter time.Duration
 	// Client writes the Lease and reads the Node (for the Event's UID).
 	Client kubernetes.Interface
-	// Runtime lists and stops containers.
+	// Runtime lists and stops containers; when it is also a SandboxLister, the sandboxes'
+	// annotations count for pods the cache does not know.
 	Runtime Runtime
 	// Pods returns the agent's cached pods of its node (read only).
 	Pods func() []*corev1.Pod
@@ -95,6 +146,10 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Clock is the fencer's clock; default the real one.
 	Clock clock.WithTicker
+	// Start is when the agent started, by Clock: the fence clock starts there, as if the
+	// Lease had been renewed then (see the package comment). Zero, or later than when
+	// Run starts: when Run starts.
+	Start time.Time
 }
 
 // Fencer renews the agent's Lease and fences the node when it cannot. Create it with New
@@ -112,16 +167,21 @@ type Fencer struct {
 	failing bool
 
 	mu sync.Mutex
-	// lastRenewal is the renewTime of the last successful renewal, or when Run started.
+	// lastRenewal is the renewTime of the last successful renewal, or the start.
 	lastRenewal time.Time
+	// renewed: a renewal has succeeded since the start.
+	renewed bool
 	// fence is the current fence, nil when not fenced.
 	fence *fenceRecord
 }
 
 // fenceRecord is one fence, from ShouldFence to the renewal that ends it.
 type fenceRecord struct {
-	// since is when the agent started fencing; lastRenewal its last renewal before.
+	// since is when the agent started fencing; lastRenewal its last renewal before (the
+	// start when fromStart).
 	since, lastRenewal time.Time
+	// fromStart: no renewal had succeeded since the agent started.
+	fromStart bool
 	// stopped are the containers stopped, by id, with their pod.
 	stopped map[string]types.NamespacedName
 }
@@ -149,6 +209,9 @@ func New(cfg Config) (*Fencer, error) {
 		leaseName:      conditions.AgentLeaseName(cfg.NodeName),
 	}
 	f.lastRenewal = cfg.Clock.Now()
+	if s := cfg.Start; !s.IsZero() && s.Before(f.lastRenewal) {
+		f.lastRenewal = s
+	}
 	return f, nil
 }
 
@@ -163,17 +226,25 @@ func (f *Fencer) Fenced() bool {
 }
 
 // Run renews the Lease and enforces the fence until ctx is done. The fence clock starts
-// now: the first renewal is due at once, and the agent fences --fence-after from now if
-// none succeeds.
+// at Config.Start (default now): the first renewal is due at once, and the agent fences
+// --fence-after from the start if none succeeds, whether or not the API server answered
+// at the start.
 func (f *Fencer) Run(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithName("fence")
 	ctx = klog.NewContext(ctx, logger)
+	start := f.clock.Now()
+	if s := f.cfg.Start; !s.IsZero() && s.Before(start) {
+		start = s
+	}
 	f.mu.Lock()
-	f.lastRenewal = f.clock.Now()
+	f.lastRenewal, f.renewed = start, false
 	f.mu.Unlock()
 	f.cfg.Metrics.SetFenced(false)
+	_, sandboxes := f.cfg.Runtime.(SandboxLister)
 	logger.Info("Fencing on: renewing the node's Lease", "lease", klog.KRef(f.cfg.Namespace, f.leaseName),
-		"fenceAfter", f.cfg.FenceAfter, "renewPeriod", f.renewPeriod, "requestTimeout", f.requestTimeout)
+		"fenceAfter", f.cfg.FenceAfter, "renewPeriod", f.renewPeriod, "requestTimeout", f.requestTimeout,
+		"start", start.UTC().Format(time.RFC3339Nano), "fencesAtTheLatest", start.Add(f.cfg.FenceAfter).UTC().Format(time.RFC3339Nano),
+		"sandboxAnnotations", sandboxes)
 
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -241,11 +312,17 @@ func (f *Fencer) renew(ctx context.Context) error {
 			return err
 		}
 		f.mu.Lock()
-		since := now.Sub(f.lastRenewal)
+		last, renewed := f.lastRenewal, f.renewed
 		f.mu.Unlock()
+		since := now.Sub(last)
 		if !f.failing {
-			logger.Error(err, "Cannot renew the fencing Lease; the node is fenced if this lasts", "lease", klog.KRef(f.cfg.Namespace, f.leaseName),
-				"sinceLastRenewal", since.Round(time.Millisecond), "fenceAfter", f.cfg.FenceAfter)
+			msg := "Cannot renew the fencing Lease; the node is fenced if this lasts"
+			if !renewed {
+				msg = "Cannot renew the fencing Lease, and it has not been renewed since the start; the node is fenced if this lasts"
+			}
+			logger.Error(err, msg, "lease", klog.KRef(f.cfg.Namespace, f.leaseName),
+				"sinceLastRenewal", since.Round(time.Millisecond), "fenceAfter", f.cfg.FenceAfter,
+				"fencesAt", last.Add(f.cfg.FenceAfter).UTC().Format(time.RFC3339Nano))
 		} else {
 			logger.V(2).Info("Cannot renew the fencing Lease", "err", err, "sinceLastRenewal", since.Round(time.Millisecond))
 		}
@@ -261,6 +338,7 @@ func (f *Fencer) renew(ctx context.Context) error {
 	if now.After(f.lastRenewal) {
 		f.lastRenewal = now
 	}
+	f.renewed = true
 	// Only a write that carried this fence's fenced-at ends it: one that started before
 	// the fence did not record it.
 	var ended *fenceRecord
@@ -332,21 +410,32 @@ func (f *Fencer) enforce(ctx context.Context) {
 			f.mu.Unlock()
 			return
 		}
-		f.fence = &fenceRecord{since: now, lastRenewal: f.lastRenewal, stopped: map[string]types.NamespacedName{}}
+		f.fence = &fenceRecord{since: now, lastRenewal: f.lastRenewal, fromStart: !f.renewed, stopped: map[string]types.NamespacedName{}}
 		f.cfg.Metrics.SetFenced(true)
-		logger.Info("FENCED: the Lease has not been renewed for longer than --fence-after; stopping the containers of opted-in pods until it is",
-			"lease", klog.KRef(f.cfg.Namespace, f.leaseName), "lastRenewal", f.lastRenewal.UTC().Format(time.RFC3339Nano),
+		msg := "FENCED: the Lease has not been renewed for longer than --fence-after; stopping the containers of opted-in pods until it is"
+		if !f.renewed {
+			msg = "FENCED: the Lease has not been renewed since the agent started, longer than --fence-after ago; stopping the containers of opted-in pods until it is"
+		}
+		logger.Info(msg, "lease", klog.KRef(f.cfg.Namespace, f.leaseName), "lastRenewal", f.lastRenewal.UTC().Format(time.RFC3339Nano),
 			"sinceLastRenewal", now.Sub(f.lastRenewal).Round(time.Millisecond), "fenceAfter", f.cfg.FenceAfter)
 	}
 	fence := f.fence
 	f.mu.Unlock()
 
+	// The containers first: the sandbox of each running one is then in the second list.
 	containers, err := f.cfg.Runtime.RunningContainers(ctx)
 	if err != nil {
 		logger.Error(err, "Fenced, but cannot list the containers; retrying", "retryIn", FencedPeriod)
 		return
 	}
-	targets := ToStop(f.cfg.NodeName, f.cfg.Pods(), containers, f.cfg.MaxStopTimeout)
+	var sandboxes []cri.Sandbox
+	if sl, ok := f.cfg.Runtime.(SandboxLister); ok {
+		sandboxes, err = sl.Sandboxes(ctx)
+		if err != nil {
+			logger.Error(err, "Fenced, but cannot list the pod sandboxes; stopping the opted-in pods the pod cache knows, retrying the rest", "retryIn", FencedPeriod)
+		}
+	}
+	targets := ToStop(f.cfg.NodeName, f.cfg.Pods(), sandboxes, containers, f.cfg.MaxStopTimeout)
 	var wg sync.WaitGroup
 	for _, t := range targets {
 		wg.Add(1)
@@ -375,14 +464,14 @@ func (f *Fencer) stop(ctx context.Context, fence *fenceRecord, t Target) {
 	fence.stopped[t.Container.ID] = t.Pod
 	f.mu.Unlock()
 	logger.Info("Fenced: stopped a container of an opted-in pod", "pod", pod, "container", t.Container.Name,
-		"containerID", t.Container.ID, "attempt", t.Container.Attempt, "timeout", t.Timeout,
+		"containerID", t.Container.ID, "attempt", t.Container.Attempt, "optedInBy", t.OptedInBy, "timeout", t.Timeout,
 		"took", f.clock.Since(started).Round(time.Millisecond))
 }
 
 // report logs the end of a fence and emits the Fenced Event on the Node.
 func (f *Fencer) report(ctx context.Context, fence *fenceRecord, stopped map[string]types.NamespacedName, renewed time.Time) {
 	logger := klog.FromContext(ctx)
-	msg := Message(renewed.Sub(fence.lastRenewal), f.cfg.FenceAfter, stopped)
+	msg := Message(renewed.Sub(fence.lastRenewal), f.cfg.FenceAfter, fence.fromStart, stopped)
 	logger.Info("No longer fenced: the Lease is renewed again", "lease", klog.KRef(f.cfg.Namespace, f.leaseName),
 		"fencedAt", fence.since.UTC().Format(time.RFC3339Nano), "fencedFor", renewed.Sub(fence.since).Round(time.Millisecond),
 		"stoppedContainers", len(stopped), "message", msg)

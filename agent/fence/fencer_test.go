@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,20 +29,40 @@ import (
 
 const leaseNS = "coroner-system"
 
-// fakeRuntime is a hand-written Runtime: containers the test sets, stops recorded, errors
-// injectable.
+// fakeRuntime is a hand-written Runtime and SandboxLister: containers and sandboxes the
+// test sets, stops recorded, errors injectable.
 type fakeRuntime struct {
 	mu         sync.Mutex
 	containers []cri.Container
+	sandboxes  []cri.Sandbox
 	stops      []string        // container ids, in order
 	timeouts   []time.Duration // of each stop
+	lists      []string        // "containers" and "sandboxes", in the order listed
 	listErr    error
+	sandboxErr error
 	stopErr    map[string]error
+}
+
+func (r *fakeRuntime) Sandboxes(context.Context) ([]cri.Sandbox, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lists = append(r.lists, "sandboxes")
+	if r.sandboxErr != nil {
+		return nil, r.sandboxErr
+	}
+	return slices.Clone(r.sandboxes), nil
+}
+
+func (r *fakeRuntime) addSandbox(s cri.Sandbox) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sandboxes = append(r.sandboxes, s)
 }
 
 func (r *fakeRuntime) RunningContainers(context.Context) ([]cri.Container, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.lists = append(r.lists, "containers")
 	if r.listErr != nil {
 		return nil, r.listErr
 	}
@@ -135,6 +156,12 @@ const fenceAfter = 10 * time.Second
 
 func newTestEnv(t *testing.T, pods ...*corev1.Pod) *testEnv {
 	t.Helper()
+	return newTestEnvWith(t, func(*Config) {}, pods...)
+}
+
+// newTestEnvWith is newTestEnv with the Config changed by configure before New.
+func newTestEnvWith(t *testing.T, configure func(*Config), pods ...*corev1.Pod) *testEnv {
+	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	e := &testEnv{t: t, ctx: ctx, clk: testingclock.NewFakeClock(t0), rt: &fakeRuntime{}, rec: &recorder{}, pods: pods}
 	e.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})
@@ -148,7 +175,7 @@ func newTestEnv(t *testing.T, pods ...*corev1.Pod) *testEnv {
 		return false, nil, nil
 	})
 	e.m = metrics.New(prometheus.NewRegistry())
-	f, err := New(Config{
+	cfg := Config{
 		NodeName: node, Namespace: leaseNS, FenceAfter: fenceAfter, Client: e.client, Runtime: e.rt,
 		Pods: func() []*corev1.Pod {
 			e.mu.Lock()
@@ -156,7 +183,9 @@ func newTestEnv(t *testing.T, pods ...*corev1.Pod) *testEnv {
 			return slices.Clone(e.pods)
 		},
 		Recorder: e.rec, Metrics: e.m, Clock: e.clk,
-	})
+	}
+	configure(&cfg)
+	f, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,6 +352,132 @@ func TestFenceFromStart(t *testing.T) {
 	}
 }
 
+// TestStartedCutOff: an agent that starts cut off from the API server has an empty pod
+// cache; it fences fence-after after its start, and stops the containers whose sandboxes
+// opt in (the kubelet's copy of the pod's annotations), and only those; back, its Event
+// says it never reached the API server since it started.
+func TestStartedCutOff(t *testing.T) {
+	e := newTestEnv(t)
+	e.rt.addSandbox(sandbox("in", optIn))
+	e.rt.addSandbox(sandbox("out", map[string]string{"kubernetes.io/config.source": "api"}))
+	e.rt.add(running("c-in", "in", "main"))
+	e.rt.add(running("c-out", "out", "main"))
+	e.setAPIDown(true)
+	_ = e.f.renew(e.ctx)
+	e.pass(fenceAfter)
+	if e.f.Fenced() || len(e.rt.stopped()) != 0 {
+		t.Fatalf("fenced at fence-after after the start (stops %v)", e.rt.stopped())
+	}
+	e.pass(time.Millisecond)
+	if !e.f.Fenced() || !slices.Equal(e.rt.stopped(), []string{"c-in"}) {
+		t.Fatalf("fenced %v, stops %v: want fenced with c-in stopped", e.f.Fenced(), e.rt.stopped())
+	}
+	if e.rt.timeouts[0] != DefaultMaxStopTimeout {
+		t.Errorf("stop timeout %v for a pod only its sandbox knows, want %v", e.rt.timeouts[0], DefaultMaxStopTimeout)
+	}
+	e.rt.mu.Lock()
+	lists := slices.Clone(e.rt.lists)
+	e.rt.mu.Unlock()
+	if !slices.Equal(lists, []string{"containers", "sandboxes"}) {
+		t.Errorf("listed %v, want the containers, then the sandboxes", lists)
+	}
+
+	// The kubelet restarts it: stopped again.
+	e.rt.add(cri.Container{ID: "c-in-1", SandboxID: "sb-in", Name: "main", PodNamespace: ns, PodName: "in", PodUID: "uid-in", Attempt: 1, Running: true})
+	e.pass(FencedPeriod)
+	if got := e.rt.stopped(); !slices.Equal(got, []string{"c-in", "c-in-1"}) {
+		t.Fatalf("stopped %v, want [c-in c-in-1]", got)
+	}
+
+	e.setAPIDown(false)
+	e.pass(FencedPeriod)
+	if e.f.Fenced() {
+		t.Fatal("still fenced after a successful renewal")
+	}
+	evs := e.rec.all()
+	want := "Could not reach the API server for 12s since the agent started (over --fence-after 10s): stopped 2 containers of 1 opted-in pod: batch/in"
+	if len(evs) != 1 || evs[0].message != want {
+		t.Errorf("Events %+v, want one: %q", evs, want)
+	}
+	if l := e.lease(); l.Annotations[conditions.AnnotationFencedAt] != t0.Add(fenceAfter+time.Millisecond).Format(time.RFC3339) {
+		t.Errorf("fenced-at %q", l.Annotations[conditions.AnnotationFencedAt])
+	}
+
+	// A later fence, after renewals: "Lost", from the last renewal.
+	e.setAPIDown(true)
+	e.pass(fenceAfter + time.Second)
+	e.setAPIDown(false)
+	e.pass(FencedPeriod)
+	if evs := e.rec.all(); len(evs) != 2 || !strings.HasPrefix(evs[1].message, "Lost the API server for 12s (over --fence-after 10s)") {
+		t.Errorf("Events %+v, want a second one from the last renewal", evs)
+	}
+}
+
+// TestSandboxesAndCache: the cache's opted-in pods and the sandboxes' together; the
+// cache decides the pods it knows; a failed sandbox listing leaves the cache's.
+func TestSandboxesAndCache(t *testing.T) {
+	e := newTestEnv(t, makePod("cached").optedIn().grace(2).obj(), makePod("withdrawn").obj())
+	e.rt.addSandbox(sandbox("cached", nil))
+	e.rt.addSandbox(sandbox("withdrawn", optIn))
+	e.rt.addSandbox(sandbox("new", optIn))
+	e.rt.add(running("c-cached", "cached", "main"))
+	e.rt.add(running("c-withdrawn", "withdrawn", "main"))
+	e.rt.add(running("c-new", "new", "main"))
+	e.rt.sandboxErr = errors.New("rpc error: code = Unavailable")
+	e.setAPIDown(true)
+	e.pass(fenceAfter + time.Second)
+	if !e.f.Fenced() || !slices.Equal(e.rt.stopped(), []string{"c-cached"}) {
+		t.Fatalf("fenced %v, stops %v: want the cache's c-cached alone while the sandboxes cannot be listed", e.f.Fenced(), e.rt.stopped())
+	}
+	e.rt.mu.Lock()
+	e.rt.sandboxErr = nil
+	e.rt.mu.Unlock()
+	e.pass(FencedPeriod)
+	if got := e.rt.stopped(); !slices.Equal(got, []string{"c-cached", "c-new"}) {
+		t.Fatalf("stops %v, want c-cached, then c-new (its sandbox opts in); never c-withdrawn (the cache says it is not opted in)", got)
+	}
+}
+
+// TestRuntimeWithoutSandboxes: a Runtime that does not list sandboxes: the cache alone.
+func TestRuntimeWithoutSandboxes(t *testing.T) {
+	var rt *fakeRuntime
+	e := newTestEnvWith(t, func(c *Config) {
+		rt = c.Runtime.(*fakeRuntime)
+		c.Runtime = struct{ Runtime }{rt} // hides Sandboxes
+	}, makePod("cached").optedIn().obj())
+	rt.addSandbox(sandbox("sandbox-only", optIn))
+	rt.add(running("c-cached", "cached", "main"))
+	rt.add(running("c-sandbox", "sandbox-only", "main"))
+	e.setAPIDown(true)
+	e.pass(fenceAfter + time.Second)
+	if got := rt.stopped(); !slices.Equal(got, []string{"c-cached"}) {
+		t.Fatalf("stops %v, want [c-cached]", got)
+	}
+}
+
+// TestStart: Config.Start, when the agent started, is the first "renewal": the fence
+// comes fence-after after it, not after New or Run; a Start in the future counts as now.
+func TestStart(t *testing.T) {
+	e := newTestEnvWith(t, func(c *Config) { c.Start = t0.Add(-4 * time.Second) }, makePod("in").optedIn().obj())
+	e.rt.add(running("c1", "in", "main"))
+	e.setAPIDown(true)
+	e.pass(fenceAfter - 4*time.Second)
+	if e.f.Fenced() {
+		t.Fatal("fenced at fence-after after the start")
+	}
+	e.pass(time.Millisecond)
+	if !e.f.Fenced() || len(e.rt.stopped()) != 1 {
+		t.Fatalf("fenced %v, stops %v: want fenced fence-after after Start", e.f.Fenced(), e.rt.stopped())
+	}
+
+	e = newTestEnvWith(t, func(c *Config) { c.Start = t0.Add(time.Hour) })
+	e.setAPIDown(true)
+	e.pass(fenceAfter + time.Millisecond)
+	if !e.f.Fenced() {
+		t.Fatal("a Start in the future delayed the fence")
+	}
+}
+
 // TestFencedWhateverTheError: the shim sees a stale Lease whatever the reason, so an
 // agent whose renewals are refused (not a partition) fences too.
 func TestFencedWhateverTheError(t *testing.T) {
@@ -410,7 +565,7 @@ func TestEventWithoutNode(t *testing.T) {
 	e.pass(FencedPeriod)
 	evs := e.rec.all()
 	if len(evs) != 1 || evs[0].ref.Name != node || evs[0].ref.UID != "" ||
-		evs[0].message != "Lost the API server for 12s (over --fence-after 10s): no container of an opted-in pod was running" {
+		evs[0].message != "Could not reach the API server for 12s since the agent started (over --fence-after 10s): no container of an opted-in pod was running" {
 		t.Errorf("Events %+v", evs)
 	}
 }

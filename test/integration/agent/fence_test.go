@@ -136,9 +136,30 @@ func (p *apiProxy) Restore() {
 	p.cut = false
 }
 
+// fencingAgent is an agent started by startFencingAgent.
+type fencingAgent struct {
+	*runningAgent
+	// started is just before agent.Run was called: the agent's start, at the latest.
+	started time.Time
+	// exited is closed when agent.Run returns, with err its error.
+	exited chan struct{}
+	err    error
+}
+
+// running fails the test if agent.Run has returned.
+func (a *fencingAgent) running(t *testing.T) {
+	t.Helper()
+	select {
+	case <-a.exited:
+		t.Fatalf("agent.Run returned %v, %v after its start", a.err, time.Since(a.started).Round(time.Millisecond))
+	default:
+	}
+}
+
 // startFencingAgent runs agent.Run for node with --fencing and --fence-after, its Lease in
-// leaseNS, talking to the API server at host (the proxy).
-func startFencingAgent(t *testing.T, f *fixture, node, host string, fenceAfter time.Duration) *runningAgent {
+// leaseNS, talking to the API server at host (the proxy), and waits until it serves
+// /metrics (which does not need the API server).
+func startFencingAgent(t *testing.T, f *fixture, node, host string, fenceAfter time.Duration) *fencingAgent {
 	t.Helper()
 	opts := agent.NewOptions()
 	opts.NodeName = node
@@ -155,21 +176,24 @@ func startFencingAgent(t *testing.T, f *fixture, node, host string, fenceAfter t
 	cfg.QPS, cfg.Burst = opts.QPS, opts.Burst
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- agent.Run(ctx, cfg, opts) }()
+	a := &fencingAgent{runningAgent: &runningAgent{addr: opts.MetricsAddress}, exited: make(chan struct{}), started: time.Now()}
+	go func() {
+		defer close(a.exited)
+		a.err = agent.Run(ctx, cfg, opts)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("agent.Run: %v", err)
+		case <-a.exited:
+			if a.err != nil {
+				t.Errorf("agent.Run: %v", a.err)
 			}
 		case <-time.After(30 * time.Second):
 			t.Error("agent.Run did not return within 30s of its context's end")
 		}
 	})
-	a := &runningAgent{addr: opts.MetricsAddress}
 	waitFor(t, "the agent serving /metrics", func() bool {
+		a.running(t)
 		_, err := a.scrape()
 		return err == nil
 	})
@@ -343,6 +367,143 @@ func TestFencing(t *testing.T) {
 	}
 	waitFor(t, "the fence gauge back to 0", func() bool { return a.metric(t, "coroner_agent_fenced") == 0 })
 	f.wantRunning(out, outID, "the pod that is not opted in, after the fence")
+}
+
+// TestFencingStartedCutOff (A6): an agent with --fencing that starts while its node is
+// cut off from the API server starts all the same, and fence-after after its start stops
+// the containers whose sandboxes' annotations (the kubelet's copy of the pod's) opt in,
+// though its pod cache is empty, and only those; back, it writes its Lease with fenced-at
+// and a Fenced Event on the Node.
+func TestFencingStartedCutOff(t *testing.T) {
+	const (
+		node       = "node-fence-cut"
+		fenceAfter = 10 * time.Second
+	)
+	f := newFixture(t)
+	ctx := f.ctx
+	n, err := f.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+
+	// The pods run; the agent cannot read their objects, only their sandboxes.
+	cmd := []string{"sh", "-c", `trap "exit 143" TERM; while :; do sleep 0.1; done`}
+	in := f.fencePod(node, "opted-in", map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"},
+		containerd.Container{Name: "main", Command: cmd})
+	out := f.fencePod(node, "not-opted-in", map[string]string{"team": "batch"}, containerd.Container{Name: "main", Command: cmd})
+	for _, p := range []struct {
+		pod  *kubeletsim.Pod
+		want bool
+	}{{in, true}, {out, false}} {
+		ann, err := p.pod.SandboxAnnotations(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if conditions.OptedInToForcefulDeletion(ann) != p.want || ann["kubernetes.io/config.source"] != "api" {
+			t.Fatalf("sandbox of %s: annotations %v, want the pod's %v (opted in: %v) and the kubelet's", p.pod.Object.Name, ann, p.pod.Object.Annotations, p.want)
+		}
+	}
+	inID := f.start(in)
+	outID := f.start(out)
+
+	u, err := url.Parse(f.api.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startProxy(t, u.Host)
+	proxy.Cut()
+	a := startFencingAgent(t, f, node, proxy.Addr(), fenceAfter)
+	t.Logf("the agent serves /metrics %v after its start, cut off", time.Since(a.started).Round(time.Millisecond))
+
+	var finished time.Time
+	deadline := a.started.Add(fenceAfter + 8*time.Second)
+	for {
+		a.running(t)
+		st, err := in.Status(ctx, inID)
+		if err == nil && st.GetState().String() == "CONTAINER_EXITED" {
+			finished = kubeletsim.FinishedAt(st)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the opted-in container still runs %v after the agent's start (fence-after %v)", time.Since(a.started).Round(time.Millisecond), fenceAfter)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("agent start -> opted-in container stopped: %v (fence-after %v)", finished.Sub(a.started).Round(time.Millisecond), fenceAfter)
+	if finished.Before(a.started.Add(fenceAfter)) {
+		t.Errorf("stopped %v after the agent's start, before fence-after %v", finished.Sub(a.started), fenceAfter)
+	}
+	if late := finished.Sub(a.started.Add(fenceAfter)); late > 3*time.Second {
+		t.Errorf("stopped %v after the agent's start + fence-after", late)
+	}
+	if v := a.metric(t, "coroner_agent_fenced"); v != 1 {
+		t.Errorf("fenced = %v while cut off", v)
+	}
+	if v := a.metric(t, "coroner_agent_fence_stopped_containers_total"); v != 1 {
+		t.Errorf("fence_stopped_containers_total = %v, want 1", v)
+	}
+	time.Sleep(2 * fence.FencedPeriod) // a few more passes: the other pod is still left alone
+	f.wantRunning(out, outID, "the pod that is not opted in")
+	leases := f.client.CoordinationV1().Leases(f.ns)
+	if _, err := leases.Get(ctx, conditions.AgentLeaseName(node), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the agent's Lease while it was cut off from its start: %v, want none", err)
+	}
+	a.running(t)
+
+	// Back: the Lease, with fenced-at, and one Fenced Event on the Node.
+	restored := time.Now()
+	proxy.Restore()
+	var l *coordinationv1.Lease
+	waitFor(t, "the Lease with fenced-at", func() bool {
+		l, err = leases.Get(ctx, conditions.AgentLeaseName(node), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, ok := l.Annotations[conditions.AnnotationFencedAt]
+		return ok
+	})
+	t.Logf("Lease with fenced-at %v after the restore", time.Since(restored).Round(time.Millisecond))
+	fencedAt, err := time.Parse(time.RFC3339, l.Annotations[conditions.AnnotationFencedAt])
+	if err != nil {
+		t.Fatalf("fenced-at %q: %v", l.Annotations[conditions.AnnotationFencedAt], err)
+	}
+	if fencedAt.Before(a.started.Add(fenceAfter).Truncate(time.Second)) || fencedAt.After(finished) {
+		t.Errorf("fenced-at %v, want between the start + fence-after (%v) and the stop (%v)", fencedAt, a.started.Add(fenceAfter), finished)
+	}
+	if l.Spec.RenewTime == nil || l.Spec.RenewTime.Before(&metav1.MicroTime{Time: restored.Add(-time.Second)}) ||
+		l.Annotations[conditions.AnnotationFenceAfter] != "10s" {
+		t.Errorf("Lease spec %+v, annotations %v: want renewed since the restore at %v, fence-after 10s", l.Spec, l.Annotations, restored)
+	}
+
+	var ev corev1.Event
+	waitFor(t, "the Fenced Event", func() bool {
+		evs, err := f.client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: fields.Set{
+			"involvedObject.kind": "Node", "involvedObject.name": node, "reason": conditions.EventReasonFenced,
+		}.String()})
+		if err != nil || len(evs.Items) == 0 {
+			return false
+		}
+		if len(evs.Items) > 1 || evs.Items[0].Count > 1 {
+			t.Fatalf("%d Fenced Events (count %d), want one: %+v", len(evs.Items), evs.Items[0].Count, evs.Items)
+		}
+		ev = evs.Items[0]
+		return true
+	})
+	t.Logf("Event %s %s: %q", ev.Type, ev.Reason, ev.Message)
+	if ev.Type != corev1.EventTypeWarning || ev.InvolvedObject.UID != n.UID {
+		t.Errorf("Event %+v: want a Warning on the Node with UID %s", ev, n.UID)
+	}
+	if !strings.HasPrefix(ev.Message, "Could not reach the API server for ") || !strings.Contains(ev.Message, "since the agent started (over --fence-after 10s)") ||
+		!strings.HasSuffix(ev.Message, ": stopped 1 container of 1 opted-in pod: "+f.ns+"/opted-in") {
+		t.Errorf("Event message %q: want the agent's start, and the container of %s/opted-in alone", ev.Message, f.ns)
+	}
+	waitFor(t, "the fence gauge back to 0", func() bool { return a.metric(t, "coroner_agent_fenced") == 0 })
+	f.wantRunning(out, outID, "the pod that is not opted in, after the fence")
+	a.running(t)
 }
 
 // fencePod creates a pod on node with the given annotations and containers (started with

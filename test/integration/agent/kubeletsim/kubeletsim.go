@@ -7,6 +7,10 @@
 //
 // Sandboxes are made as test/containerd makes them: the node's network namespace, cgroup
 // parent /<Env.CgroupName>/pod<uid> (so the Env's Stop removes them), logs under Env.Dir.
+// As the kubelet does, a sandbox carries the pod's labels and identity and, as its
+// annotations (PodSandboxConfig.Annotations), the Pod object's annotations with the two
+// the kubelet adds to its own copy of a pod (kubernetes.io/config.source "api" and
+// kubernetes.io/config.seen).
 package kubeletsim
 
 import (
@@ -112,7 +116,7 @@ func (p *Pod) runSandbox(ctx context.Context) error {
 			containerd.LabelPodNamespace: o.Namespace,
 			containerd.LabelPodUID:       uid,
 		},
-		Annotations:  map[string]string{"kubernetes.io/config.source": "api"},
+		Annotations:  sandboxAnnotations(o, time.Now()),
 		LogDirectory: logDir,
 		Linux: &runtimeapi.LinuxPodSandboxConfig{
 			CgroupParent: p.CgroupParent,
@@ -131,6 +135,28 @@ func (p *Pod) runSandbox(ctx context.Context) error {
 	}
 	p.SandboxID = r.PodSandboxId
 	return nil
+}
+
+// sandboxAnnotations are the annotations the kubelet gives pod's sandbox: the pod's own,
+// and the kubelet's config.source ("api") and config.seen (when it first saw the pod).
+func sandboxAnnotations(pod *corev1.Pod, seen time.Time) map[string]string {
+	out := make(map[string]string, len(pod.Annotations)+2)
+	for k, v := range pod.Annotations {
+		out[k] = v
+	}
+	out["kubernetes.io/config.source"] = "api"
+	out["kubernetes.io/config.seen"] = seen.UTC().Format(time.RFC3339Nano)
+	return out
+}
+
+// SandboxAnnotations returns the sandbox's annotations as the runtime reports them
+// (PodSandboxStatus).
+func (p *Pod) SandboxAnnotations(ctx context.Context) (map[string]string, error) {
+	r, err := p.node.CRI.Runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: p.SandboxID})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetStatus().GetAnnotations(), nil
 }
 
 // StartContainer creates and starts the named container of the pod's spec (attempt 0)
