@@ -10,7 +10,7 @@ PKGS_UNIT := ./cmd/... ./conditions/... ./shim/... ./agent/... ./cri/...
 PKGS_INTEGRATION := ./test/...
 MAINS    := coroner-shim coroner-agent coronerctl
 
-.PHONY: all build tools lint test test-unit test-integration fuzz bench-agent lab lab-down lab-status test-lab e2e e2e-kind clean help FORCE
+.PHONY: all build tools lint test test-unit test-integration fuzz bench bench-agent bench-shim bench-nodeloss lab lab-down lab-status test-lab e2e e2e-kind clean help FORCE
 
 all: build lint test
 
@@ -42,6 +42,16 @@ test-unit: ## unit tests only: pure packages, no API server
 
 test-integration: tools ## integration tests against a real etcd + kube-apiserver and containerd
 	$(REQUIRE) $(GOTEST) -v $(PKGS_INTEGRATION)
+
+# Benchmarks are programs that print ratios measured side by side in one run.
+bench: bench-shim bench-agent bench-nodeloss ## every benchmark: P1 shim vs built-in, P2 agent, P3 node loss (root, ~8 min)
+
+bench-shim: tools ## P1: coroner-shim vs the built-in Job controller on one real API server: throughput, API calls per failure, sync latency
+	$(GO) run ./test/bench/shim $(BENCH_ARGS)
+
+bench-nodeloss: build ## P3: a lab node partitioned: time to a replacement pod Running, coroner vs the built-in controller (root; uses or brings up the lab)
+	$(ROOT_CHECK)
+	$(GO) run ./test/bench/nodeloss $(BENCH_ARGS)
 
 bench-agent: tools ## node agent latency, containerd events vs relist, on a real API server and containerd (root; not a test)
 	$(GO) run ./test/bench/agent $(BENCH_ARGS)
