@@ -1,0 +1,309 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/coroner-dev/coroner/shim/controller"
+	"github.com/coroner-dev/coroner/test/harness"
+)
+
+// A controller under test as the benchmark drives it.
+type controllerUnderTest interface {
+	// snapshot reads the controller's request counters.
+	snapshot(ctx context.Context) (calls, error)
+	// synced reports whether the controller's caches have synced.
+	synced(ctx context.Context) (bool, error)
+	// cpu is the CPU time the controller's process used so far; ok is false when it
+	// cannot be told apart (coroner in this process).
+	cpu() (d time.Duration, ok bool)
+	// exited is closed with an error when the controller stopped on its own.
+	exited() <-chan error
+	stop()
+}
+
+// The ways to run coroner's controller (--coroner).
+const (
+	coronerProcess   = "process"
+	coronerInProcess = "in-process"
+)
+
+// startCoroner runs coroner's controller, controller.New(client, Config{Workers}).Run with
+// the client's requests counted by a RoundTripper, in this process or in a child
+// process of its own (this program again, see childMain).
+func startCoroner(api *harness.Env, c config) (controllerUnderTest, error) {
+	if c.coroner == coronerInProcess {
+		return startCoronerHere(api.Config, c.qps, c.burst, c.workers)
+	}
+	return startCoronerChild(api, c)
+}
+
+// inProcess is coroner's controller running in this process.
+type inProcess struct {
+	ctrl    *controller.Controller
+	counter *callCounter
+	cancel  context.CancelFunc
+	done    chan error
+	exit    chan error
+}
+
+func startCoronerHere(base *rest.Config, qps float64, burst, workers int) (*inProcess, error) {
+	counter := newCallCounter()
+	client, err := newClient(base, controller.Component, float32(qps), burst, counter.wrap)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &inProcess{
+		ctrl:    controller.New(client, controller.Config{Workers: workers}),
+		counter: counter,
+		cancel:  cancel,
+		done:    make(chan error, 1),
+		exit:    make(chan error, 1),
+	}
+	go func() {
+		err := p.ctrl.Run(ctx)
+		if ctx.Err() == nil {
+			p.exit <- fmt.Errorf("coroner's controller stopped: %v", err)
+		}
+		p.done <- err
+	}()
+	return p, nil
+}
+
+func (p *inProcess) snapshot(ctx context.Context) (calls, error) { return p.counter.snapshot(ctx) }
+func (p *inProcess) synced(context.Context) (bool, error)        { return p.ctrl.HasSynced(), nil }
+func (p *inProcess) cpu() (time.Duration, bool)                  { return 0, false }
+func (p *inProcess) exited() <-chan error                        { return p.exit }
+
+func (p *inProcess) stop() {
+	p.cancel()
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		fmt.Fprintln(os.Stderr, "bench-shim: coroner's controller did not stop within 30s")
+	}
+}
+
+// childEnv names the environment variable that makes this program the child process
+// that runs coroner's controller; its value is the childSpec in JSON.
+const childEnv = "CORONER_BENCH_SHIM_CHILD"
+
+type childSpec struct {
+	Kubeconfig string  `json:"kubeconfig"`
+	QPS        float64 `json:"qps"`
+	Burst      int     `json:"burst"`
+	Workers    int     `json:"workers"`
+	LogFile    string  `json:"logFile"`
+	LogV       int     `json:"logV"`
+}
+
+// childMain is the child process: coroner's controller with counted requests, and an
+// HTTP server on 127.0.0.1 whose address it prints as its first line of output:
+// GET /calls answers the counters, GET /synced whether the caches synced. It stops on
+// SIGTERM or when its standard input closes (the parent is gone).
+func childMain(spec string) int {
+	var s childSpec
+	if err := json.Unmarshal([]byte(spec), &s); err != nil {
+		fmt.Fprintf(os.Stderr, "bench-shim child: bad %s: %v\n", childEnv, err)
+		return 2
+	}
+	setupLogs(s.LogFile, s.LogV)
+	defer klog.Flush()
+	cfg, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench-shim child: %v\n", err)
+		return 1
+	}
+	p, err := startCoronerHere(cfg, s.QPS, s.Burst, s.Workers)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench-shim child: %v\n", err)
+		return 1
+	}
+	defer p.stop()
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer cancel()
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	mux := http.NewServeMux()
+	mux.HandleFunc("/calls", func(w http.ResponseWriter, r *http.Request) {
+		c, _ := p.snapshot(r.Context())
+		var out []callSample
+		for k, v := range c {
+			out = append(out, callSample{Method: k.method, Code: k.code, N: v})
+		}
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	mux.HandleFunc("/synced", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, p.ctrl.HasSynced())
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench-shim child: %v\n", err)
+		return 1
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	fmt.Println(ln.Addr().String())
+	select {
+	case <-ctx.Done():
+		return 0
+	case err := <-p.exit:
+		fmt.Fprintf(os.Stderr, "bench-shim child: %v\n", err)
+		return 1
+	}
+}
+
+type callSample struct {
+	Method string `json:"method"`
+	Code   string `json:"code"`
+	N      int64  `json:"n"`
+}
+
+// childProcess is coroner's controller in a child process.
+type childProcess struct {
+	proc  *process
+	base  string
+	stdin io.Closer
+	http  *http.Client
+	exit  chan error
+	// stopping is set by stop, so that the exit is not reported as a failure.
+	stopping atomic.Bool
+}
+
+func startCoronerChild(api *harness.Env, c config) (*childProcess, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	spec, err := json.Marshal(childSpec{Kubeconfig: api.Kubeconfig, QPS: c.qps, Burst: c.burst, Workers: c.workers, LogFile: c.logFile, LogV: c.logV})
+	if err != nil {
+		return nil, err
+	}
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	stdoutR, stdoutW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	proc, err := startProcess(filepath.Join(api.Dir, "coroner-shim.log"), stdinR, stdoutW, exe, childEnv+"="+string(spec))
+	stdinR.Close()
+	stdoutW.Close()
+	if err != nil {
+		stdinW.Close()
+		stdoutR.Close()
+		return nil, err
+	}
+	cp := &childProcess{proc: proc, stdin: stdinW, http: &http.Client{Timeout: 10 * time.Second}, exit: make(chan error, 1)}
+	line := make(chan string, 1)
+	go func() {
+		defer stdoutR.Close()
+		s, _ := bufio.NewReader(stdoutR).ReadString('\n')
+		line <- strings.TrimSpace(s)
+	}()
+	select {
+	case addr := <-line:
+		if addr == "" {
+			cp.stop()
+			return nil, fmt.Errorf("coroner's controller process exited during start-up\n%s", proc.logTail(4000))
+		}
+		cp.base = "http://" + addr
+	case <-time.After(30 * time.Second):
+		cp.stop()
+		return nil, fmt.Errorf("coroner's controller process did not start within 30s\n%s", proc.logTail(4000))
+	}
+	go func() {
+		<-proc.done
+		if !cp.stopping.Load() {
+			cp.exit <- fmt.Errorf("coroner's controller process exited: %v\n%s", proc.err, proc.logTail(4000))
+		}
+	}()
+	return cp, nil
+}
+
+func (cp *childProcess) get(ctx context.Context, path string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cp.base+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := cp.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("asking coroner's controller process: %w", err)
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+func (cp *childProcess) snapshot(ctx context.Context) (calls, error) {
+	var samples []callSample
+	if err := cp.get(ctx, "/calls", &samples); err != nil {
+		return nil, err
+	}
+	c := calls{}
+	for _, s := range samples {
+		c[callKey{s.Method, s.Code}] = s.N
+	}
+	return c, nil
+}
+
+func (cp *childProcess) synced(ctx context.Context) (bool, error) {
+	var ok bool
+	err := cp.get(ctx, "/synced", &ok)
+	return ok, err
+}
+
+func (cp *childProcess) cpu() (time.Duration, bool) { return cpuTime(cp.proc.pid()) }
+func (cp *childProcess) exited() <-chan error       { return cp.exit }
+
+func (cp *childProcess) stop() {
+	cp.stopping.Store(true)
+	cp.stdin.Close()
+	cp.proc.stop(30 * time.Second)
+}
+
+// cpuTime reads the user and system CPU time of a process from /proc (in USER_HZ
+// ticks, 100 per second on Linux).
+func cpuTime(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, false
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, true
+}

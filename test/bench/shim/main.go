@@ -1,0 +1,246 @@
+// Command shim is the P1 benchmark, run by `make bench-shim`: coroner's Job controller
+// (package shim/controller) against the built-in Job controller of kube-controller-manager
+// v1.36.3, on one real API server (test/harness), with the same workload, in one run. It
+// is not a test.
+//
+// Both controllers run at the same time by default, each on its own namespace of the same
+// API server: the noise of the machine (other processes, CPU frequency, etcd's compaction
+// and a growing etcd) then hits both alike, and the ratios printed at the end compare two
+// runs that saw the same conditions. The price is that they compete for the API server
+// and the CPU, so the competition is made fair: the same client rate limits, the same
+// number of workers, the Jobs of both created at the same moment, one simulated kubelet
+// that serves both, and each controller in a process of its own. --sequential runs the
+// built-in controller's workload first, then coroner's, for comparison.
+//
+// The controllers:
+//
+//   - built-in: kube-controller-manager with --controllers=job, started by this program
+//     with the flags of harness.Env.StartControllerManager plus its client's rate limits
+//     (--kube-api-qps, --kube-api-burst) and access to /metrics, which that helper does
+//     not offer (nor does it say its port). Its Jobs have no spec.managedBy.
+//   - coroner: controller.New(client, controller.Config{Workers: 5}).Run, otherwise with
+//     coroner-shim's defaults (managedBy coroner.dev/shim, 1s pod event batching, 10s
+//     doubling pod backoff); its Jobs have spec.managedBy coroner.dev/shim. By default it
+//     runs in a child process, this program started again (childMain), like
+//     kube-controller-manager in a process of its own; --coroner=in-process runs it inside
+//     this program instead, where it shares the Go runtime and two cores with the
+//     simulated kubelet, which handles both controllers' pods, and falls behind in bursts:
+//     the API server then closes its pod watch for unresponsiveness more often than
+//     kube-controller-manager's (seen as extra GETs: the re-established watches).
+//
+// Both get the same client QPS and burst (coroner-shim's defaults, 50 and 100, rather
+// than kube-controller-manager's 20 and 30) and the same number of workers
+// (--concurrent-job-syncs), so that the comparison measures the controllers, not their
+// settings.
+//
+// The workload: --jobs Indexed Jobs per controller, each with --completions completions
+// and as much parallelism, backoffLimitPerIndex 1 and the podFailurePolicy
+// [FailIndex on exit code 42, Ignore on DisruptionTarget]. There is no scheduler and no
+// kubelet: this program binds every new pod to the Node bench-node (which it creates, so
+// that nothing takes the pods for orphans), moves it to Running after --start-delay, and
+// after --run-time to Succeeded or Failed, through strategic merge patches of the status
+// as the kubelet writes them. The exit code of a pod is a function of the Job's number,
+// its index and how many pods of that index ran before, so both controllers see the same
+// pod histories: about --fail-once-pct percent of the indexes fail once with exit code 1
+// (no rule matches: counted against backoffLimitPerIndex, replaced after the 10s
+// per-index backoff, then succeeding), and --fail-index-pct percent of the Jobs lose one
+// index to exit code 42 (FailIndex: the Job ends Failed with reason FailedIndexes once
+// every other index is done). Before measuring, one single-pod warm-up Job per
+// controller runs to completion, so that both are known to be up with warm caches.
+//
+// What is measured, per controller:
+//
+//   - wall time from just before its first Job is created to the moment a watch delivers
+//     its last Job with a terminal condition (Complete or Failed); throughput is pods
+//     finished (terminal status written by the simulated kubelet) per second of it.
+//   - API calls: every request the controller's client sends during the measured window
+//     (from just before the first Job is created to 2s after the last Job of the round
+//     finished), by HTTP method and status code. For coroner, a counting
+//     http.RoundTripper wraps its client's transport (rest.Config.Wrap) and counts every
+//     attempt. For kube-controller-manager, its /metrics is scraped at both ends of the
+//     window: rest_client_requests_total (a request's final attempt) plus
+//     rest_client_request_retries_total (the attempts before it), over every label, which
+//     counts what client-go sends the way the RoundTripper does. The API server's
+//     apiserver_request_total would be one method for both but has no user-agent label,
+//     so it cannot tell the controllers from each other or from this program. "Per pod
+//     failure" divides by the pod failures of the workload (the same for both), so its
+//     ratio is the ratio of the totals. The CPU time of each controller's process over
+//     the window is shown too (from /proc; not available with --coroner=in-process).
+//   - sync latency: from the moment the API server acknowledged a pod's terminal status
+//     written by the simulated kubelet to the moment a watch delivers the Job with a
+//     status that counts the pod: its index in status.completedIndexes for a success;
+//     for a failure, status.failed after the pod's UID has left
+//     status.uncountedTerminatedPods.failed (the job-tracking protocol: the UID is
+//     recorded there, the finalizer removed, then the pod moves to the counter). Both
+//     controllers batch pod events for 1s before a sync, which sets the floor. A retried
+//     pod (exit 1) is counted only once its replacement exists (KEP-3850), after the 10s
+//     per-index backoff, so its latency is shown apart, with the time from its failure
+//     to its replacement.
+//
+// Finally the outcomes are compared: for every Job number, the final Job of each
+// controller (terminal condition type and reason, every True condition, succeeded,
+// failed, active, ready, terminating, completedIndexes, failedIndexes,
+// uncountedTerminatedPods, pods run, pods deleted) must agree with the other
+// controller's and with what the workload implies; a mismatch is an error (exit status
+// 1) after the table is printed.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+func main() {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(childMain(spec))
+	}
+	c := defaultConfig()
+	flag.IntVar(&c.jobs, "jobs", c.jobs, "Indexed Jobs per controller (N)")
+	flag.IntVar(&c.completions, "completions", c.completions, "completions of each Job (C), also its parallelism")
+	flag.IntVar(&c.failOncePct, "fail-once-pct", c.failOncePct, "percentage of indexes whose first pod fails with exit code 1 (retried once, then succeeds)")
+	flag.IntVar(&c.failIndexPct, "fail-index-pct", c.failIndexPct, "percentage of Jobs with one index whose pod fails with exit code 42 (FailIndex; the Job ends Failed)")
+	flag.DurationVar(&c.startDelay, "start-delay", c.startDelay, "how long a bound pod stays Pending before the simulated kubelet makes it Running")
+	flag.DurationVar(&c.runTime, "run-time", c.runTime, "how long a pod stays Running before it finishes")
+	flag.Float64Var(&c.qps, "kube-api-qps", c.qps, "client QPS of both controllers")
+	flag.IntVar(&c.burst, "kube-api-burst", c.burst, "client burst of both controllers")
+	flag.IntVar(&c.workers, "workers", c.workers, "Jobs synced concurrently by each controller (coroner's Workers, kube-controller-manager's --concurrent-job-syncs)")
+	flag.StringVar(&c.coroner, "coroner", c.coroner, "where coroner's controller runs: \"process\", a child process of its own (this program again), like kube-controller-manager; or \"in-process\", inside this program, next to the simulated kubelet")
+	flag.BoolVar(&c.sequential, "sequential", c.sequential, "run the built-in controller's workload first, then coroner's, instead of both at the same time")
+	flag.DurationVar(&c.timeout, "timeout", c.timeout, "how long the Jobs of a controller may take to finish before the run fails")
+	flag.DurationVar(&c.startTimeout, "start-timeout", c.startTimeout, "how long the warm-up (both controllers up, one Job each) may take")
+	flag.StringVar(&c.logFile, "log-file", "", "write coroner's controller logs (klog) to this file; default: no logs (kube-controller-manager logs to the harness's directory, kept with CORONER_HARNESS_KEEP=1)")
+	flag.IntVar(&c.logV, "log-v", 0, "klog verbosity of coroner's controller logs")
+	flag.Usage = usage
+	flag.Parse()
+	if err := c.validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench-shim: %v\n", err)
+		os.Exit(2)
+	}
+	if c.coroner == coronerInProcess {
+		setupLogs(c.logFile, c.logV)
+	} else {
+		setupLogs("", 0) // the child process writes coroner's logs to --log-file
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, c)
+	cancel()
+	klog.Flush()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench-shim: %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	out := flag.CommandLine.Output()
+	fmt.Fprint(out, `Usage: go run ./test/bench/shim [flags]
+
+P1: coroner's Job controller vs the built-in Job controller of kube-controller-manager
+v1.36.3, on one real etcd + kube-apiserver (test/harness; binaries from `+"`make tools`"+` in
+_output/bin or $CORONER_BIN_DIR), with the same workload, by default at the same time.
+
+The program plays the kubelet for N Indexed Jobs per controller (completions and
+parallelism C, backoffLimitPerIndex 1, podFailurePolicy FailIndex on exit 42 and Ignore on
+DisruptionTarget); the same pods fail once (exit 1) or fail their index (exit 42) under
+both controllers. It prints, side by side, wall time and throughput (pods finished per
+second), API calls made by each controller (per pod and per pod failure), and the sync
+latency from a pod's terminal status write to the Job status counting it (p50, p99), with
+the ratios coroner / built-in. Both controllers' final Jobs must agree with each other and
+with the workload, else the run fails. Exit status 0 on success, 1 on an error or a
+mismatch, 2 on bad flags.
+
+Flags:
+`)
+	flag.PrintDefaults()
+}
+
+// setupLogs sends klog's output to file (nowhere when empty) at verbosity v.
+func setupLogs(file string, v int) {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("logtostderr", "false")
+	_ = fs.Set("alsologtostderr", "false")
+	_ = fs.Set("stderrthreshold", "FATAL")
+	_ = fs.Set("v", fmt.Sprint(v))
+	if file != "" {
+		_ = fs.Set("log_file", file)
+		return
+	}
+	klog.SetOutput(discard{})
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// config is the benchmark's settings, from flags.
+type config struct {
+	jobs, completions         int
+	failOncePct, failIndexPct int
+	startDelay, runTime       time.Duration
+	qps                       float64
+	burst, workers            int
+	sequential                bool
+	coroner                   string
+	timeout, startTimeout     time.Duration
+	logFile                   string
+	logV                      int
+}
+
+func defaultConfig() config {
+	return config{
+		jobs:         20,
+		completions:  10,
+		failOncePct:  20,
+		failIndexPct: 25,
+		startDelay:   100 * time.Millisecond,
+		runTime:      time.Second,
+		qps:          50,
+		burst:        100,
+		workers:      5,
+		coroner:      coronerProcess,
+		timeout:      4 * time.Minute,
+		startTimeout: 2 * time.Minute,
+	}
+}
+
+func (c config) validate() error {
+	var errs []error
+	if flag.NArg() > 0 {
+		errs = append(errs, fmt.Errorf("unexpected arguments %q", flag.Args()))
+	}
+	if c.jobs < 1 || c.jobs > 999 {
+		errs = append(errs, fmt.Errorf("--jobs=%d: want 1 to 999", c.jobs))
+	}
+	if c.completions < 1 || c.completions > 10000 {
+		errs = append(errs, fmt.Errorf("--completions=%d: want 1 to 10000 (the API server's limit for backoffLimitPerIndex)", c.completions))
+	}
+	if c.failOncePct < 0 || c.failOncePct > 100 || c.failIndexPct < 0 || c.failIndexPct > 100 {
+		errs = append(errs, fmt.Errorf("--fail-once-pct=%d, --fail-index-pct=%d: want percentages, 0 to 100", c.failOncePct, c.failIndexPct))
+	}
+	if c.startDelay < 0 || c.runTime < 0 {
+		errs = append(errs, fmt.Errorf("--start-delay=%v, --run-time=%v: must not be negative", c.startDelay, c.runTime))
+	}
+	if c.qps <= 0 || float64(c.burst) < c.qps {
+		errs = append(errs, fmt.Errorf("--kube-api-qps=%v, --kube-api-burst=%d: need 0 < qps <= burst", c.qps, c.burst))
+	}
+	if c.workers < 1 {
+		errs = append(errs, fmt.Errorf("--workers=%d: want at least 1", c.workers))
+	}
+	if c.coroner != coronerProcess && c.coroner != coronerInProcess {
+		errs = append(errs, fmt.Errorf("--coroner=%q: want %q or %q", c.coroner, coronerProcess, coronerInProcess))
+	}
+	if c.timeout <= 0 || c.startTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--timeout=%v, --start-timeout=%v: must be positive", c.timeout, c.startTimeout))
+	}
+	return errors.Join(errs...)
+}
