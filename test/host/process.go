@@ -25,13 +25,20 @@ type Process struct {
 // SIGKILL if the test binary dies first (Pdeathsig), so a test killed by a timeout or a
 // panic leaves nothing behind.
 func StartProcess(dir, name, bin string, args ...string) (*Process, error) {
+	return StartCommand(dir, name, exec.Command(bin, args...))
+}
+
+// StartCommand is StartProcess for a command the caller prepared (environment, standard
+// input, standard output): its stderr, and its stdout unless set, go to dir/name.log.
+func StartCommand(dir, name string, cmd *exec.Cmd) (*Process, error) {
 	logPath := filepath.Join(dir, name+".log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout = logFile
+	if cmd.Stdout == nil {
+		cmd.Stdout = logFile
+	}
 	cmd.Stderr = logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -45,6 +52,19 @@ func StartProcess(dir, name, bin string, args ...string) (*Process, error) {
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// Done is closed once the process has exited; Err then says how.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Err is how the process ended (nil before it has).
+func (p *Process) Err() error {
+	select {
+	case <-p.done:
+		return p.waitErr
+	default:
+		return nil
+	}
 }
 
 // PID is the process ID.

@@ -10,8 +10,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -24,6 +24,7 @@ import (
 
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/test/harness"
+	"github.com/coroner-dev/coroner/test/host"
 )
 
 // A controller under test as the benchmark drives it.
@@ -183,7 +184,7 @@ type callSample struct {
 
 // childProcess is coroner's controller in a child process.
 type childProcess struct {
-	proc  *process
+	proc  *host.Process
 	base  string
 	stdin io.Closer
 	http  *http.Client
@@ -209,7 +210,10 @@ func startCoronerChild(api *harness.Env, c config) (*childProcess, error) {
 	if err != nil {
 		return nil, err
 	}
-	proc, err := startProcess(filepath.Join(api.Dir, "coroner-shim.log"), stdinR, stdoutW, exe, childEnv+"="+string(spec))
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), childEnv+"="+string(spec))
+	cmd.Stdin, cmd.Stdout = stdinR, stdoutW
+	proc, err := host.StartCommand(api.Dir, "coroner-shim", cmd)
 	stdinR.Close()
 	stdoutW.Close()
 	if err != nil {
@@ -228,17 +232,17 @@ func startCoronerChild(api *harness.Env, c config) (*childProcess, error) {
 	case addr := <-line:
 		if addr == "" {
 			cp.stop()
-			return nil, fmt.Errorf("coroner's controller process exited during start-up\n%s", proc.logTail(4000))
+			return nil, fmt.Errorf("coroner's controller process exited during start-up\n%s", proc.LogTail(4000))
 		}
 		cp.base = "http://" + addr
 	case <-time.After(30 * time.Second):
 		cp.stop()
-		return nil, fmt.Errorf("coroner's controller process did not start within 30s\n%s", proc.logTail(4000))
+		return nil, fmt.Errorf("coroner's controller process did not start within 30s\n%s", proc.LogTail(4000))
 	}
 	go func() {
-		<-proc.done
+		<-proc.Done()
 		if !cp.stopping.Load() {
-			cp.exit <- fmt.Errorf("coroner's controller process exited: %v\n%s", proc.err, proc.logTail(4000))
+			cp.exit <- fmt.Errorf("coroner's controller process exited: %v\n%s", proc.Err(), proc.LogTail(4000))
 		}
 	}()
 	return cp, nil
@@ -275,13 +279,13 @@ func (cp *childProcess) synced(ctx context.Context) (bool, error) {
 	return ok, err
 }
 
-func (cp *childProcess) cpu() (time.Duration, bool) { return cpuTime(cp.proc.pid()) }
+func (cp *childProcess) cpu() (time.Duration, bool) { return cpuTime(cp.proc.PID()) }
 func (cp *childProcess) exited() <-chan error       { return cp.exit }
 
 func (cp *childProcess) stop() {
 	cp.stopping.Store(true)
 	cp.stdin.Close()
-	cp.proc.stop(30 * time.Second)
+	cp.proc.Stop(30 * time.Second)
 }
 
 // cpuTime reads the user and system CPU time of a process from /proc (in USER_HZ
