@@ -127,6 +127,10 @@ func TestRenderedManifests(t *testing.T) {
 			if a.Resources.Requests.Cpu().IsZero() || a.Resources.Requests.Memory().IsZero() || a.Resources.Limits.Memory().IsZero() {
 				t.Errorf("agent resources %+v: want cpu and memory requests and a memory limit", a.Resources)
 			}
+			// Guaranteed QoS, so that a node OOM does not take the agent first.
+			if !a.Resources.Requests.Cpu().Equal(*a.Resources.Limits.Cpu()) || !a.Resources.Requests.Memory().Equal(*a.Resources.Limits.Memory()) {
+				t.Errorf("agent resources %+v: want requests equal to limits (Guaranteed QoS)", a.Resources)
+			}
 			if a.SecurityContext == nil || a.SecurityContext.Privileged == nil || !*a.SecurityContext.Privileged {
 				t.Errorf("agent is not privileged (needed for /dev/kmsg)")
 			}
