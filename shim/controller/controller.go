@@ -296,12 +296,12 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 		})
 		wg.Go(func() {
-			for c.processNextOrphan(ctx, work) {
+			for c.processNextPod(ctx, work, c.orphanQueue, c.syncOrphanPod, "Removing the tracking finalizer of an orphan pod") {
 			}
 		})
 	}
 	wg.Go(func() {
-		for c.processNextRecovery(ctx, work) {
+		for c.processNextPod(ctx, work, c.recoveryQueue, c.recoverPod, "Recovering a pod from a node failure") {
 		}
 	})
 	<-ctx.Done()
@@ -330,22 +330,23 @@ func (c *Controller) processNext(stop, work context.Context) bool {
 	return true
 }
 
-// processNextOrphan handles one pod key from the orphan queue.
-func (c *Controller) processNextOrphan(stop, work context.Context) bool {
-	key, quit := c.orphanQueue.Get()
+// processNextPod handles one pod key of a pod queue (orphans, recovery) with handle;
+// what names the work in the error log.
+func (c *Controller) processNextPod(stop, work context.Context, queue workqueue.TypedRateLimitingInterface[string], handle func(context.Context, string) error, what string) bool {
+	key, quit := queue.Get()
 	if quit {
 		return false
 	}
-	defer c.orphanQueue.Done(key)
+	defer queue.Done(key)
 	if stop.Err() != nil {
 		return false
 	}
-	if err := c.syncOrphanPod(work, key); err != nil {
-		utilruntime.HandleErrorWithContext(work, err, "Removing the tracking finalizer of an orphan pod failed; will retry", "pod", key)
-		c.orphanQueue.AddRateLimited(key)
+	if err := handle(work, key); err != nil {
+		utilruntime.HandleErrorWithContext(work, err, what+" failed; will retry", "pod", key)
+		queue.AddRateLimited(key)
 		return true
 	}
-	c.orphanQueue.Forget(key)
+	queue.Forget(key)
 	return true
 }
 

@@ -35,17 +35,11 @@ import (
 // no controller or its controlling Job is gone.
 func (c *Controller) syncOrphanPod(ctx context.Context, key string) error {
 	logger := klog.FromContext(ctx)
-	ns, name, err := cache.SplitMetaNamespaceKey(key)
-	if err != nil {
-		return nil
-	}
-	pod, err := c.podLister.Pods(ns).Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
+	pod, err := c.cachedPod(key)
+	if pod == nil || err != nil {
 		return err
 	}
+	ns, name := pod.Namespace, pod.Name
 	if !hasTrackingFinalizer(pod) {
 		return nil
 	}
@@ -115,4 +109,18 @@ func (c *Controller) jobDeleted(uid types.UID) {
 
 func (c *Controller) enqueueOrphan(pod *corev1.Pod) {
 	c.orphanQueue.Add(cache.MetaObjectToName(pod).String())
+}
+
+// cachedPod returns the pod of a queue key from the cache; nil without error when the key
+// is malformed or the pod is gone.
+func (c *Controller) cachedPod(key string) (*corev1.Pod, error) {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil, nil
+	}
+	pod, err := c.podLister.Pods(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return pod, err
 }

@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/informers"
 	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -151,38 +150,13 @@ func (c *Controller) nodeFound(node string) {
 	delete(c.nodesMissing, node)
 }
 
-// processNextRecovery handles one pod key of the recovery queue.
-func (c *Controller) processNextRecovery(stop, work context.Context) bool {
-	key, quit := c.recoveryQueue.Get()
-	if quit {
-		return false
-	}
-	defer c.recoveryQueue.Done(key)
-	if stop.Err() != nil {
-		return false
-	}
-	if err := c.recoverPod(work, key); err != nil {
-		utilruntime.HandleErrorWithContext(work, err, "Recovering a pod from a node failure failed; will retry", "pod", key)
-		c.recoveryQueue.AddRateLimited(key)
-		return true
-	}
-	c.recoveryQueue.Forget(key)
-	return true
-}
-
 // recoverPod decides about one pod of a managed Job and carries the decision out.
 func (c *Controller) recoverPod(ctx context.Context, key string) error {
-	ns, name, err := cache.SplitMetaNamespaceKey(key)
-	if err != nil {
-		return nil
-	}
-	pod, err := c.podLister.Pods(ns).Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
+	pod, err := c.cachedPod(key)
+	if pod == nil || err != nil {
 		return err
 	}
+	ns, name := pod.Namespace, pod.Name
 	job, _ := c.jobOf(pod)
 	if job == nil {
 		return nil // not a pod of a Job this controller manages
