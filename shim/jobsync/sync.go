@@ -231,8 +231,12 @@ func (s *state) decideFinish() {
 	}
 	s.prevSucceededIdx = lenientIndexes(job.Status.CompletedIndexes, s.completions)
 	s.succeededIdx = s.prevSucceededIdx.Clone()
+	// Only pods still tracked add indexes: a pod whose finalizer removal is in flight was
+	// written into completedIndexes or failedIndexes by the status write that preceded
+	// the removal (and a pod deleted because the Job failed must not become a failed
+	// index when the next sync sees it terminating with its finalizer).
 	for _, p := range s.in.Pods {
-		if ix := s.validIndex(p); ix != noIndex && p.Status.Phase == corev1.PodSucceeded && hasTrackingFinalizer(p) {
+		if ix := s.validIndex(p); ix != noIndex && p.Status.Phase == corev1.PodSucceeded && s.tracked(p) {
 			s.succeededIdx.Add(ix)
 		}
 	}
@@ -241,7 +245,7 @@ func (s *state) decideFinish() {
 		s.prevFailedIdx = lenientIndexes(ptr.Deref(job.Status.FailedIndexes, ""), s.completions)
 		s.failedIdx = s.prevFailedIdx.Clone()
 		for _, p := range s.in.Pods {
-			if ix := s.validIndex(p); ix != noIndex && hasTrackingFinalizer(p) && s.indexFailed(p) {
+			if ix := s.validIndex(p); ix != noIndex && s.tracked(p) && s.indexFailed(p) {
 				s.failedIdx.Add(ix)
 			}
 		}

@@ -1,6 +1,7 @@
 package jobsync
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -517,5 +518,43 @@ func TestAdjustAfterFailedDeletes(t *testing.T) {
 	plan.Adjust(&old, 0, []*corev1.Pod{stuck})
 	if findCondition(plan.Status.Conditions, batchv1.JobComplete) != nil || plan.Status.Active != 1 {
 		t.Errorf("after a failed delete: conditions %v active %d; want no Complete and the pod active", conditionSummary(plan.Status.Conditions), plan.Status.Active)
+	}
+}
+
+// The sync right after the one that failed the Job (MaxFailedIndexesExceeded) and deleted
+// its running pods may still see them terminating with their tracking finalizer, whose
+// removal is in flight: they were recorded as failed already and must not turn into
+// failed indexes ("0-5" instead of "1,4", seen once in the integration suite).
+func TestFinalizersInFlightAddNoFailedIndexes(t *testing.T) {
+	w := wrappers.MakeJob("j", "ns").Indexed().Completions(6).Parallelism(6).BackoffLimitPerIndex(0).MaxFailedIndexes(1)
+	j := job(w)
+	deleted := metav1.NewTime(now.Add(-time.Second))
+	var pods []*corev1.Pod
+	inFlight := sets.New[types.UID]()
+	for ix := range 6 {
+		var p *corev1.Pod
+		if ix == 1 || ix == 4 {
+			p = tracked(failed(fmt.Sprintf("j-%d-a", ix), 1).Index(ix).Annotation(batchv1.JobIndexFailureCountAnnotation, "0"))
+		} else {
+			p = tracked(running(fmt.Sprintf("j-%d-a", ix)).Index(ix))
+		}
+		pods = append(pods, p)
+	}
+	// Sync 1: FailureTarget, the running pods deleted, all six recorded as failed.
+	plan := sync(j, pods...)
+	if got := ptr.Deref(plan.Status.FailedIndexes, ""); got != "1,4" {
+		t.Fatalf("failedIndexes %q after the first sync, want 1,4", got)
+	}
+	j.Status = plan.Status
+	// The next sync sees the deleted pods still with their finalizer, its removal in flight.
+	for _, p := range pods {
+		inFlight.Insert(p.UID)
+		if p.Status.Phase == corev1.PodRunning {
+			p.DeletionTimestamp = &deleted
+		}
+	}
+	plan = Sync(Input{Job: j, Pods: pods, Now: now, Backoff: backoff.Default, ExpectationsSatisfied: true, FinalizersBeingRemoved: inFlight})
+	if got := ptr.Deref(plan.Status.FailedIndexes, ""); got != "1,4" {
+		t.Errorf("failedIndexes %q while the finalizer removals are in flight, want 1,4", got)
 	}
 }
