@@ -114,13 +114,18 @@ func (e *expectations) expectFinalizersRemoved(key string, uids []types.UID) {
 }
 
 // finalizerRemovalObserved forgets uid for key (idempotent): the informer showed the pod
-// without the finalizer, or gone, or the removal failed.
-func (e *expectations) finalizerRemovalObserved(key string, uid types.UID) {
+// without the finalizer, or gone, or the removal failed. It reports whether uid was the
+// last removal in flight for key: the pods the last sync recorded as uncounted can now be
+// counted.
+func (e *expectations) finalizerRemovalObserved(key string, uid types.UID) (last bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if je := e.byKey[key]; je != nil {
-		je.finalizers.Delete(uid)
+	je := e.byKey[key]
+	if je == nil || !je.finalizers.Has(uid) {
+		return false
 	}
+	je.finalizers.Delete(uid)
+	return je.finalizers.Len() == 0
 }
 
 // finalizersBeingRemoved returns a copy of the UIDs whose finalizer removal is in flight

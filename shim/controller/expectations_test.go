@@ -173,3 +173,29 @@ func TestExpectationsFinalizers(t *testing.T) {
 		})
 	}
 }
+
+// finalizerRemovalObserved says when the last removal in flight is seen, so that the Job
+// is synced at once to count its pods.
+func TestLastFinalizerRemovalObserved(t *testing.T) {
+	e := newExpectations(clocktesting.NewFakeClock(time.Now()))
+	const key = "ns/job"
+	e.expectFinalizersRemoved(key, []types.UID{"a", "b"})
+	steps := []struct {
+		uid  types.UID
+		want bool
+	}{
+		{"a", false}, // b still in flight
+		{"x", false}, // never expected
+		{"b", true},  // the last one
+		{"b", false}, // seen again: not the last any more
+		{"c", false}, // nothing in flight
+	}
+	for _, s := range steps {
+		if got := e.finalizerRemovalObserved(key, s.uid); got != s.want {
+			t.Errorf("observed %s: last = %v, want %v", s.uid, got, s.want)
+		}
+	}
+	if got := e.finalizerRemovalObserved("other/job", "a"); got {
+		t.Error("a key without expectations reported a last removal")
+	}
+}

@@ -171,8 +171,13 @@ func (c *Controller) updatePod(old, cur any) {
 		return
 	}
 	key := keyOf(job)
-	if finalizerGone {
-		c.expectations.finalizerRemovalObserved(key, curPod.UID)
+	if finalizerGone && c.expectations.finalizerRemovalObserved(key, curPod.UID) {
+		// The last finalizer removal of the previous sync is seen: the pods it recorded
+		// in uncountedTerminatedPods can be counted now, without the batching delay (the
+		// built-in controller counts them in the sync that removes the finalizers; the
+		// shim, writing status once per sync, in the next one).
+		c.queue.Add(key)
+		return
 	}
 	c.queue.AddAfter(key, c.cfg.BatchPeriod)
 }
@@ -207,8 +212,9 @@ func (c *Controller) podDeleted(pod *corev1.Pod, final bool) {
 	}
 	key := keyOf(job)
 	c.expectations.deletionObserved(key, pod.UID)
-	if final || !hasTrackingFinalizer(pod) {
-		c.expectations.finalizerRemovalObserved(key, pod.UID)
+	if (final || !hasTrackingFinalizer(pod)) && c.expectations.finalizerRemovalObserved(key, pod.UID) {
+		c.queue.Add(key) // as in updatePod: the uncounted pods can be counted now
+		return
 	}
 	c.queue.AddAfter(key, c.cfg.BatchPeriod)
 }
