@@ -101,7 +101,7 @@ func finished(j *batchv1.Job) *batchv1.JobCondition {
 func waitFinished(ctx context.Context, t *testing.T, ns, name string, timeout time.Duration) *batchv1.Job {
 	t.Helper()
 	var j *batchv1.Job
-	err := poll(ctx, timeout, "Job "+ns+"/"+name+" to finish", func() (bool, error) {
+	err := lab.Poll(ctx, timeout, "Job "+ns+"/"+name+" to finish", func() (bool, error) {
 		var err error
 		j, err = suite.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
 		return err == nil && finished(j) != nil, nil
@@ -174,7 +174,7 @@ func jobPods(ctx context.Context, t *testing.T, ns, name string) []corev1.Pod {
 func waitRunning(ctx context.Context, t *testing.T, ns, name string, n int, timeout time.Duration) []corev1.Pod {
 	t.Helper()
 	var running []corev1.Pod
-	err := poll(ctx, timeout, fmt.Sprintf("%d running pods of Job %s", n, name), func() (bool, error) {
+	err := lab.Poll(ctx, timeout, fmt.Sprintf("%d running pods of Job %s", n, name), func() (bool, error) {
 		running = running[:0]
 		for _, p := range jobPods(ctx, t, ns, name) {
 			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && allStarted(&p) {
@@ -250,7 +250,7 @@ func terminated(p *corev1.Pod) *corev1.ContainerStateTerminated {
 func waitPod(ctx context.Context, t *testing.T, ns, name, what string, timeout time.Duration, f func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
 	var p *corev1.Pod
-	err := poll(ctx, timeout, "pod "+name+": "+what, func() (bool, error) {
+	err := lab.Poll(ctx, timeout, "pod "+name+": "+what, func() (bool, error) {
 		got, err := suite.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):

@@ -145,32 +145,10 @@ func setup(t *testing.T, timeout time.Duration) (context.Context, string) {
 // waitDefaultServiceAccount waits for the namespace's default ServiceAccount: pods are
 // refused until the controller-manager has made it.
 func waitDefaultServiceAccount(ctx context.Context, ns string) error {
-	return poll(ctx, time.Minute, "the default ServiceAccount of "+ns, func() (bool, error) {
+	return lab.Poll(ctx, time.Minute, "the default ServiceAccount of "+ns, func() (bool, error) {
 		_, err := suite.cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
 	})
-}
-
-// poll calls f every 250 ms until it returns true or an error, or timeout passes.
-func poll(ctx context.Context, timeout time.Duration, what string, f func() (bool, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, err := f()
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("timed out after %v waiting for %s", timeout, what)
-		case <-tick.C:
-		}
-	}
 }
 
 // coronerctl runs the coronerctl built into _output/bin (make e2e builds it) against the

@@ -19,6 +19,7 @@ import (
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/images"
+	"github.com/coroner-dev/coroner/test/lab"
 )
 
 // TestDisruptions runs the tests that disturb a node, one after the other (the parallel
@@ -92,7 +93,7 @@ func nodeLoss(t *testing.T) {
 func waitNode(ctx context.Context, t *testing.T, name, what string, timeout time.Duration, f func(*corev1.Node) bool) {
 	t.Helper()
 	var last *corev1.Node
-	err := poll(ctx, timeout, name+" "+what, func() (bool, error) {
+	err := lab.Poll(ctx, timeout, name+" "+what, func() (bool, error) {
 		n, err := suite.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -268,7 +269,7 @@ func zombie(t *testing.T) {
 	// The node's agent (fencing on in the lab, after 30s) stopped the pod's container while
 	// cut off, and says so on the Node once it is back.
 	var fenced string
-	err := poll(ctx, time.Minute, "a Fenced Event on "+node+" naming "+first.Name, func() (bool, error) {
+	err := lab.Poll(ctx, time.Minute, "a Fenced Event on "+node+" naming "+first.Name, func() (bool, error) {
 		evs, err := suite.cs.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + node + ",reason=" + conditions.EventReasonFenced})
 		if err != nil {
 			return false, nil

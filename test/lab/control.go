@@ -12,6 +12,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -197,7 +198,7 @@ func (c Config) waitDefaultServiceAccount(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return poll(ctx, 60*time.Second, "the default ServiceAccount and kube-root-ca.crt", func() (bool, error) {
+	return Poll(ctx, 60*time.Second, "the default ServiceAccount and kube-root-ca.crt", func() (bool, error) {
 		if _, err := cs.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{}); err != nil {
 			return false, nil
 		}
@@ -311,22 +312,12 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// poll calls f every 250ms until it returns true, an error, or timeout passes.
-func poll(ctx context.Context, timeout time.Duration, what string, f func() (bool, error)) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, err := f()
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %v waiting for %s", timeout, what)
-		}
-		if err := sleep(ctx, 250*time.Millisecond); err != nil {
-			return err
-		}
+// Poll calls f at once and then every 250ms until it returns true or an error, or timeout
+// passes ("timed out after ... waiting for what"), or ctx ends (its error).
+func Poll(ctx context.Context, timeout time.Duration, what string, f func() (bool, error)) error {
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) { return f() })
+	if wait.Interrupted(err) && ctx.Err() == nil {
+		return fmt.Errorf("timed out after %v waiting for %s", timeout, what)
 	}
+	return err
 }

@@ -104,7 +104,7 @@ func (c Config) runDemo(ctx context.Context, say func(string, ...any), timeout t
 		if err := jobs.Delete(ctx, DemoJob, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
-		if err := poll(ctx, 60*time.Second, "the previous demo Job to go", func() (bool, error) {
+		if err := Poll(ctx, 60*time.Second, "the previous demo Job to go", func() (bool, error) {
 			_, err := jobs.Get(ctx, DemoJob, metav1.GetOptions{})
 			return apierrors.IsNotFound(err), nil
 		}); err != nil {
@@ -120,7 +120,7 @@ func (c Config) runDemo(ctx context.Context, say func(string, ...any), timeout t
 	say("  index 1 exits 42, index 2 exits 1 on its first attempt, index 0 succeeds")
 
 	var finished *batchv1.JobCondition
-	err = poll(ctx, timeout, "the demo Job to finish", func() (bool, error) {
+	err = Poll(ctx, timeout, "the demo Job to finish", func() (bool, error) {
 		j, err := jobs.Get(ctx, DemoJob, metav1.GetOptions{})
 		if err != nil {
 			return false, nil

@@ -122,7 +122,7 @@ func (c Config) waitWorkloads(ctx context.Context, wls []workload, timeout time.
 		return nil, err
 	}
 	var sts []workloadStatus
-	err = poll(ctx, timeout, "coroner's pods", func() (bool, error) {
+	err = Poll(ctx, timeout, "coroner's pods", func() (bool, error) {
 		sts = sts[:0]
 		all := true
 		for _, w := range wls {

@@ -107,7 +107,7 @@ func TestLab(t *testing.T) {
 		}
 	}
 	podIPs := map[string]string{}
-	err = poll(ctx, 60*time.Second, "a busybox pod Running on each node", func() (bool, error) {
+	err = Poll(ctx, 60*time.Second, "a busybox pod Running on each node", func() (bool, error) {
 		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil

@@ -188,7 +188,7 @@ func (c Config) importImages(ctx context.Context, n Node, imgs []images.Image) e
 	}
 	defer cri.Close()
 	for _, img := range imgs {
-		err := poll(ctx, 20*time.Second, "image "+img.Name+" in the CRI plugin of "+n.Name, func() (bool, error) {
+		err := Poll(ctx, 20*time.Second, "image "+img.Name+" in the CRI plugin of "+n.Name, func() (bool, error) {
 			r, err := cri.images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: img.Name}})
 			return err == nil && r.Image != nil, nil
 		})
@@ -227,7 +227,7 @@ func (c Config) waitNodesReady(ctx context.Context, st *State, timeout time.Dura
 		return err
 	}
 	var notReady []string
-	err = poll(ctx, timeout, "nodes Ready", func() (bool, error) {
+	err = Poll(ctx, timeout, "nodes Ready", func() (bool, error) {
 		for _, p := range st.procs() {
 			if strings.HasPrefix(p.Name, "kubelet-") && !p.running() {
 				return false, fmt.Errorf("%s exited:\n%s", p.Name, logTail(p.Log, 3000))

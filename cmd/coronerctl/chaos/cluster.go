@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -132,17 +133,7 @@ func podFate(cur *corev1.Pod) string {
 // pollAPI calls check at once and then every apiPollInterval until it reports done or an
 // error, or ctx ends (its error is then ctx's).
 func pollAPI(ctx context.Context, check func() (done bool, err error)) error {
-	for {
-		done, err := check()
-		if err != nil || done {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(apiPollInterval):
-		}
-	}
+	return wait.PollUntilContextCancel(ctx, apiPollInterval, true, func(context.Context) (bool, error) { return check() })
 }
 
 // sleepOrDone waits for d or until ctx ends, whichever comes first; it returns ctx's error in

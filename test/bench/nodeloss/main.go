@@ -112,9 +112,9 @@ func run(ctx context.Context, toleration, timeout, kueueThreshold time.Duration)
 
 	// Fresh namespace; the other nodes cordoned until every first pod runs on the victim.
 	_ = cs.CoreV1().Namespaces().Delete(ctx, namespace, metav1.DeleteOptions{})
-	if err := poll(ctx, 2*time.Minute, func() bool {
+	if err := lab.Poll(ctx, 2*time.Minute, "the namespace to go", func() (bool, error) {
 		_, err := cs.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{})
-		return err != nil
+		return err != nil, nil
 	}); err != nil {
 		return fmt.Errorf("the previous %s namespace did not go: %w", namespace, err)
 	}
@@ -122,9 +122,9 @@ func run(ctx context.Context, toleration, timeout, kueueThreshold time.Duration)
 		return err
 	}
 	defer func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), namespace, metav1.DeleteOptions{}) }()
-	if err := poll(ctx, time.Minute, func() bool {
+	if err := lab.Poll(ctx, time.Minute, "the default ServiceAccount", func() (bool, error) {
 		_, err := cs.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil
+		return err == nil, nil
 	}); err != nil {
 		return fmt.Errorf("no default ServiceAccount in %s: %w", namespace, err)
 	}
@@ -156,12 +156,12 @@ func run(ctx context.Context, toleration, timeout, kueueThreshold time.Duration)
 		}
 	}
 	for _, v := range variants {
-		if err := poll(ctx, time.Minute, func() bool {
+		if err := lab.Poll(ctx, time.Minute, "the first pod", func() (bool, error) {
 			p := runningPod(ctx, cs, v.job)
 			if p != nil {
 				v.first = p.UID
 			}
-			return p != nil
+			return p != nil, nil
 		}); err != nil {
 			return fmt.Errorf("the first pod of %s did not run on %s: %w", v.job, victim, err)
 		}
@@ -182,9 +182,9 @@ func run(ctx context.Context, toleration, timeout, kueueThreshold time.Duration)
 	}
 	defer heal()
 
-	deadline := start.Add(timeout)
 	var taintedAt time.Time
-	for time.Now().Before(deadline) {
+	// Until every variant has a replacement Running or timeout passes ("none within").
+	_ = lab.Poll(ctx, timeout, "replacements", func() (bool, error) {
 		if taintedAt.IsZero() {
 			if n, err := cs.CoreV1().Nodes().Get(ctx, victim, metav1.GetOptions{}); err == nil {
 				for _, t := range n.Spec.Taints {
@@ -199,28 +199,26 @@ func run(ctx context.Context, toleration, timeout, kueueThreshold time.Duration)
 			observe(ctx, cs, v)
 			done = done && !v.running.IsZero()
 		}
-		if done {
-			break
-		}
-		if err := sleep(ctx, 250*time.Millisecond); err != nil {
-			return err
-		}
+		return done, nil
+	})
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
 	heal()
 	// The agent of the victim says, once back, what it stopped.
 	fenceEvent := ""
-	_ = poll(ctx, time.Minute, func() bool {
+	_ = lab.Poll(ctx, time.Minute, "the Fenced Event", func() (bool, error) {
 		evs, err := cs.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + victim + ",reason=" + conditions.EventReasonFenced})
 		if err != nil {
-			return false
+			return false, nil
 		}
 		for _, e := range evs.Items {
 			if e.LastTimestamp.After(start) {
 				fenceEvent = e.Message
-				return true
+				return true, nil
 			}
 		}
-		return false
+		return false, nil
 	})
 
 	report(variants, start, taintedAt, toleration, timeout, kueueThreshold, fenceEvent)
@@ -281,7 +279,7 @@ func observe(ctx context.Context, cs kubernetes.Interface, v *variant) {
 			continue
 		}
 		if v.running.IsZero() && p.Status.Phase == corev1.PodRunning && p.Spec.NodeName != victim {
-			v.running, v.replacementOn = time.Now(), p.Spec.NodeName
+			v.running = time.Now()
 		}
 	}
 }
@@ -363,26 +361,4 @@ func cordon(ctx context.Context, cs kubernetes.Interface, node string, on bool) 
 	patch := fmt.Sprintf(`{"spec":{"unschedulable":%v}}`, on)
 	_, err := cs.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	return err
-}
-
-func poll(ctx context.Context, timeout time.Duration, f func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for !f() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %v", timeout)
-		}
-		if err := sleep(ctx, 250*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(d):
-		return nil
-	}
 }
