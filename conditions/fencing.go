@@ -59,32 +59,38 @@ func NodeFenced(lease *coordinationv1.Lease, now time.Time, margin time.Duration
 	if !ok {
 		return FenceState{Why: "the node's agent does not fence (no " + AnnotationFenceAfter + " on its Lease)"}
 	}
-	fenceAfter, err := time.ParseDuration(v)
-	if err != nil || fenceAfter <= 0 {
+	fenceAfter, ok := leaseFenceAfter(lease)
+	if !ok {
 		return FenceState{Why: fmt.Sprintf("the agent's Lease has an invalid %s %q", AnnotationFenceAfter, v)}
 	}
 	if lease.Spec.RenewTime == nil {
 		return FenceState{Why: "the agent's Lease was never renewed"}
 	}
 	renewed := lease.Spec.RenewTime.Time
-	fencedBy := renewed.Add(fenceAfter)
-	if now.Before(fencedBy.Add(margin)) {
+	if deadline, _ := FenceDeadline(lease, margin); now.Before(deadline) {
 		return FenceState{Why: fmt.Sprintf("the agent's Lease was renewed %v ago (it fences after %v, plus a margin of %v)",
 			now.Sub(renewed).Round(time.Second), fenceAfter, margin)}
 	}
-	return FenceState{Fenced: true, Since: fencedBy, Why: fmt.Sprintf("the node's agent has not renewed its Lease for %v: it fenced the node after %v",
+	return FenceState{Fenced: true, Since: renewed.Add(fenceAfter), Why: fmt.Sprintf("the node's agent has not renewed its Lease for %v: it fenced the node after %v",
 		now.Sub(renewed).Round(time.Second), fenceAfter)}
 }
 
 // FenceDeadline is when NodeFenced turns true for the Lease, if ever (false when the
 // agent does not fence), so that a caller can come back at that time.
 func FenceDeadline(lease *coordinationv1.Lease, margin time.Duration) (time.Time, bool) {
-	if lease == nil || lease.Spec.RenewTime == nil {
-		return time.Time{}, false
-	}
-	fenceAfter, err := time.ParseDuration(lease.Annotations[AnnotationFenceAfter])
-	if err != nil || fenceAfter <= 0 {
+	fenceAfter, ok := leaseFenceAfter(lease)
+	if !ok || lease.Spec.RenewTime == nil {
 		return time.Time{}, false
 	}
 	return lease.Spec.RenewTime.Add(fenceAfter + margin), true
+}
+
+// leaseFenceAfter is the agent's fence-after from its Lease; false when the Lease has none
+// or an invalid one.
+func leaseFenceAfter(lease *coordinationv1.Lease) (time.Duration, bool) {
+	if lease == nil {
+		return 0, false
+	}
+	d, err := time.ParseDuration(lease.Annotations[AnnotationFenceAfter])
+	return d, err == nil && d > 0
 }
