@@ -31,7 +31,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,6 +47,7 @@ import (
 
 	"github.com/coroner-dev/coroner/agent"
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/test/bench/measure"
 	"github.com/coroner-dev/coroner/test/containerd"
 	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/integration/agent/kubeletsim"
@@ -73,7 +73,7 @@ func main() {
 	logFile := flag.String("log-file", "", "write the agents' logs (klog) to this file; default: no logs")
 	logV := flag.Int("log-v", 0, "klog verbosity of the agents' logs (2: every classification)")
 	flag.Parse()
-	setupLogs(*logFile, *logV)
+	measure.QuietKlog(*logFile, *logV)
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, config{n: *n, parallel: *parallel, oomSpacing: *oomSpacing, timeout: *timeout, grace: *grace})
 	cancel()
@@ -83,25 +83,6 @@ func main() {
 		os.Exit(1)
 	}
 }
-
-// setupLogs sends klog's output to file (nowhere when empty) at verbosity v.
-func setupLogs(file string, v int) {
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	_ = fs.Set("logtostderr", "false")
-	_ = fs.Set("alsologtostderr", "false")
-	_ = fs.Set("stderrthreshold", "FATAL")
-	_ = fs.Set("v", fmt.Sprint(v))
-	if file != "" {
-		_ = fs.Set("log_file", file)
-		return
-	}
-	klog.SetOutput(discard{})
-}
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 type config struct {
 	n, parallel         int
@@ -279,14 +260,14 @@ func run(ctx context.Context, c config) error {
 			ds := results[sc.name][m.name]
 			key := sc.name + "/" + m.name
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%v\t%v\t%v\t%d\t\n", sc.name, m.name, len(ds), missed[key],
-				ms(pct(ds, 50)), ms(pct(ds, 99)), ms(pct(ds, 100)), early[key])
+				ms(measure.Percentile(ds, 50)), ms(measure.Percentile(ds, 99)), ms(measure.Percentile(ds, 100)), early[key])
 		}
 	}
 	tw.Flush()
 	fmt.Println()
 	for _, sc := range scenarios {
 		ev, rl := results[sc.name][modes[0].name], results[sc.name][modes[1].name]
-		fmt.Printf("%s: relist/events ratio p50 %s, p99 %s\n", sc.name, ratio(pct(rl, 50), pct(ev, 50)), ratio(pct(rl, 99), pct(ev, 99)))
+		fmt.Printf("%s: relist/events ratio p50 %s, p99 %s\n", sc.name, ratio(measure.Percentile(rl, 50), measure.Percentile(ev, 50)), ratio(measure.Percentile(rl, 99), measure.Percentile(ev, 99)))
 	}
 	fmt.Printf("latency: container finishedAt (containerd) -> stamped pod delivered by a watch; \"before exit\": stamps visible before finishedAt (containerd's OOM event comes first); \"not stamped\": no stamp within %v (an OOM kill nothing could place stamps nothing)\n", c.timeout)
 	return nil
@@ -435,16 +416,6 @@ func (w *watch) wait(ctx context.Context, name string, done func(*corev1.Pod) bo
 		}
 		w.changed.Wait()
 	}
-}
-
-func pct(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := (p*len(s)+99)/100 - 1
-	return s[min(max(i, 0), len(s)-1)]
 }
 
 func ms(d time.Duration) string {

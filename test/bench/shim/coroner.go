@@ -23,6 +23,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/coroner-dev/coroner/shim/controller"
+	"github.com/coroner-dev/coroner/test/bench/measure"
 	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/host"
 )
@@ -127,7 +128,7 @@ func childMain(spec string) int {
 		fmt.Fprintf(os.Stderr, "bench-shim child: bad %s: %v\n", childEnv, err)
 		return 2
 	}
-	setupLogs(s.LogFile, s.LogV)
+	measure.QuietKlog(s.LogFile, s.LogV)
 	defer klog.Flush()
 	cfg, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
 	if err != nil {

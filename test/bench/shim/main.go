@@ -97,6 +97,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/coroner-dev/coroner/test/bench/measure"
 )
 
 func main() {
@@ -126,9 +128,9 @@ func main() {
 		os.Exit(2)
 	}
 	if c.coroner == coronerInProcess {
-		setupLogs(c.logFile, c.logV)
+		measure.QuietKlog(c.logFile, c.logV)
 	} else {
-		setupLogs("", 0) // the child process writes coroner's logs to --log-file
+		measure.QuietKlog("", 0) // the child process writes coroner's logs to --log-file
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, c)
@@ -162,25 +164,6 @@ Flags:
 `)
 	flag.PrintDefaults()
 }
-
-// setupLogs sends klog's output to file (nowhere when empty) at verbosity v.
-func setupLogs(file string, v int) {
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	_ = fs.Set("logtostderr", "false")
-	_ = fs.Set("alsologtostderr", "false")
-	_ = fs.Set("stderrthreshold", "FATAL")
-	_ = fs.Set("v", fmt.Sprint(v))
-	if file != "" {
-		_ = fs.Set("log_file", file)
-		return
-	}
-	klog.SetOutput(discard{})
-}
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // config is the benchmark's settings, from flags.
 type config struct {

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/test/bench/measure"
 	"github.com/coroner-dev/coroner/test/harness"
 )
 
@@ -172,7 +173,7 @@ func run(ctx context.Context, c config) error {
 		rounds = [][]*target{{targets[0]}, {targets[1]}}
 	}
 	for _, round := range rounds {
-		if err := measure(ctx, c, w, admin, rec, round); err != nil {
+		if err := runRound(ctx, c, w, admin, rec, round); err != nil {
 			return err
 		}
 	}
@@ -200,10 +201,10 @@ func newClient(base *rest.Config, userAgent string, qps float32, burst int, wrap
 	return kubernetes.NewForConfig(cfg)
 }
 
-// measure runs the workload for the targets at the same time: the counters are read, the
+// runRound runs the workload for the targets at the same time: the counters are read, the
 // Jobs created (by one goroutine per target, started together), and once every Job of
 // the round finished and settle passed, the counters are read again.
-func measure(ctx context.Context, c config, w workload, admin kubernetes.Interface, rec *recorder, ts []*target) error {
+func runRound(ctx context.Context, c config, w workload, admin kubernetes.Interface, rec *recorder, ts []*target) error {
 	for _, t := range ts {
 		s, err := t.ctl.snapshot(ctx)
 		if err != nil {
@@ -398,8 +399,8 @@ func printTable(c config, w workload, ts []*target, mode string) {
 	num("  of which failed", func(r result) float64 { return float64(r.podFailures) }, "%.0f")
 	dur("wall time", result.wall)
 	num("throughput (pods/s)", func(r result) float64 { return perSec(r.podsFinished, r.wall()) }, "%.2f")
-	dur("Job duration p50", func(r result) time.Duration { return pct(r.jobTimes, 50) })
-	dur("Job duration max", func(r result) time.Duration { return pct(r.jobTimes, 100) })
+	dur("Job duration p50", func(r result) time.Duration { return measure.Percentile(r.jobTimes, 50) })
+	dur("Job duration max", func(r result) time.Duration { return measure.Percentile(r.jobTimes, 100) })
 	callRow("API calls", calls.total)
 	callRow("  GET (get, list, watch)", func(cs calls) int64 { return cs.method("GET") })
 	callRow("  POST", func(cs calls) int64 { return cs.method("POST") })
@@ -421,18 +422,18 @@ func printTable(c config, w workload, ts []*target, mode string) {
 	num("API calls per pod", func(r result) float64 { return per(r.calls.total(), r.podsFinished) }, "%.2f")
 	num("API calls per pod failure", func(r result) float64 { return per(r.calls.total(), r.podFailures) }, "%.2f")
 	counted := func(r result) []time.Duration { return slices.Concat(r.lat[podSucceeded], r.lat[podFailIndex]) }
-	dur("sync latency p50", func(r result) time.Duration { return pct(counted(r), 50) })
-	dur("sync latency p99", func(r result) time.Duration { return pct(counted(r), 99) })
+	dur("sync latency p50", func(r result) time.Duration { return measure.Percentile(counted(r), 50) })
+	dur("sync latency p99", func(r result) time.Duration { return measure.Percentile(counted(r), 99) })
 	for _, k := range []struct {
 		kind  podKind
 		label string
 	}{{podSucceeded, "succeeded pods"}, {podFailIndex, "FailIndex pods (exit 42)"}, {podRetried, "retried pods (exit 1), with backoff"}} {
 		num("  "+k.label, func(r result) float64 { return float64(len(r.lat[k.kind])) }, "%.0f")
-		dur("    p50", func(r result) time.Duration { return pct(r.lat[k.kind], 50) })
-		dur("    p99", func(r result) time.Duration { return pct(r.lat[k.kind], 99) })
+		dur("    p50", func(r result) time.Duration { return measure.Percentile(r.lat[k.kind], 50) })
+		dur("    p99", func(r result) time.Duration { return measure.Percentile(r.lat[k.kind], 99) })
 	}
-	dur("    failure -> replacement p50", func(r result) time.Duration { return pct(r.replaceLat, 50) })
-	dur("    failure -> replacement p99", func(r result) time.Duration { return pct(r.replaceLat, 99) })
+	dur("    failure -> replacement p50", func(r result) time.Duration { return measure.Percentile(r.replaceLat, 50) })
+	dur("    failure -> replacement p99", func(r result) time.Duration { return measure.Percentile(r.replaceLat, 99) })
 	tw.Flush()
 	fmt.Println()
 	fmt.Printf("run: %s; %d Jobs x %d completions per controller (indexes failing once with exit 1: %d; indexes failed for good with exit 42: %d); pods Running after %v, finished after %v more; both controllers with client QPS %v, burst %d, %d workers\n",
@@ -476,16 +477,6 @@ func perSec(n int, d time.Duration) float64 {
 		return 0
 	}
 	return float64(n) / d.Seconds()
-}
-
-func pct(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := (p*len(s)+99)/100 - 1
-	return s[min(max(i, 0), len(s)-1)]
 }
 
 func fmtDur(d time.Duration) string {
