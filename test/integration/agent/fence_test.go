@@ -213,15 +213,8 @@ func TestFencing(t *testing.T) {
 	f := newFixture(t)
 	ctx := f.ctx
 
-	// The Node, as its kubelet registered it.
-	n, err := f.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
-
-	// PID 1 of a container ignores SIGTERM unless it handles it: these exit at once.
-	cmd := []string{"sh", "-c", `trap "exit 143" TERM; while :; do sleep 0.1; done`}
+	n := f.registerNode(node)
+	cmd := stopsOnTerm
 	in := f.fencePod(node, "opted-in", map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"},
 		containerd.Container{Name: "main", Command: cmd}, containerd.Container{Name: "restarted", Command: cmd})
 	out := f.fencePod(node, "not-opted-in", nil, containerd.Container{Name: "main", Command: cmd})
@@ -381,14 +374,10 @@ func TestFencingStartedCutOff(t *testing.T) {
 	)
 	f := newFixture(t)
 	ctx := f.ctx
-	n, err := f.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	n := f.registerNode(node)
 
 	// The pods run; the agent cannot read their objects, only their sandboxes.
-	cmd := []string{"sh", "-c", `trap "exit 143" TERM; while :; do sleep 0.1; done`}
+	cmd := stopsOnTerm
 	in := f.fencePod(node, "opted-in", map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"},
 		containerd.Container{Name: "main", Command: cmd})
 	out := f.fencePod(node, "not-opted-in", map[string]string{"team": "batch"}, containerd.Container{Name: "main", Command: cmd})
@@ -537,4 +526,19 @@ func (f *fixture) wantRunning(p *kubeletsim.Pod, id, what string) {
 	if st.GetState().String() != "CONTAINER_RUNNING" {
 		f.t.Errorf("%s: container %v (exit %d), want it running", what, st.GetState(), st.GetExitCode())
 	}
+}
+
+// stopsOnTerm is a container command that exits at once on SIGTERM (PID 1 of a container
+// ignores it unless it handles it).
+var stopsOnTerm = []string{"sh", "-c", `trap "exit 143" TERM; while :; do sleep 0.1; done`}
+
+// registerNode creates the Node, as its kubelet would register it, removed at the end.
+func (f *fixture) registerNode(name string) *corev1.Node {
+	f.t.Helper()
+	n, err := f.client.CoreV1().Nodes().Create(f.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { _ = f.client.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	return n
 }
