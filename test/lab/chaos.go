@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/coroner-dev/coroner/agent/cgroup"
 	"github.com/coroner-dev/coroner/agent/kmsg"
 	"github.com/coroner-dev/coroner/test/host"
 )
@@ -164,7 +165,8 @@ const (
 type OOMResult struct {
 	// Cgroup is the memory cgroup whose limit was lowered, relative to the hierarchy root.
 	Cgroup string
-	// Limit is the limit set (bytes); Restored is the limit put back afterwards.
+	// Limit is the limit set (bytes); Restored is the limit put back afterwards (-1: no
+	// limit).
 	Limit, Restored int64
 	// Kills is how many tasks the OOM killer killed in Cgroup meanwhile, as far as seen
 	// when the first kill was (0 after a timeout).
@@ -193,101 +195,57 @@ func (c Config) OOM(ctx context.Context, pod *corev1.Pod, scope OOMScope, timeou
 	if _, err := c.upState(); err != nil {
 		return OOMResult{}, err
 	}
-	mem, err := memoryHierarchy()
-	if err != nil {
-		return OOMResult{}, err
-	}
 	kubepods := filepath.Join(n.Cgroup(), "kubepods")
 	var rel string
 	switch scope {
 	case OOMNode:
 		rel = kubepods
 	case OOMPodLimit:
-		if rel, err = mem.podCgroup(kubepods, string(pod.UID)); err != nil {
+		if rel, err = podCgroup(kubepods, string(pod.UID)); err != nil {
 			return OOMResult{}, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
 	default:
 		return OOMResult{}, fmt.Errorf("unknown OOM scope %q (want %q or %q)", scope, OOMPodLimit, OOMNode)
 	}
-	return mem.squeeze(ctx, rel, timeout)
-}
-
-// memoryCgroups is the memory controller's hierarchy: cgroup v1's memory mount or the
-// unified cgroup v2 tree, with the file names of that version.
-type memoryCgroups struct {
-	root                      string
-	limitFile, usageFile      string
-	killsFile, killsFileLabel string
-	unlimited                 string
-}
-
-func memoryHierarchy() (memoryCgroups, error) {
-	mounts, err := host.CgroupMounts()
-	if err != nil {
-		return memoryCgroups{}, err
-	}
-	for _, m := range mounts {
-		if m.V2 {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(m.Path, "memory.limit_in_bytes")); err == nil {
-			return memoryCgroups{root: m.Path, limitFile: "memory.limit_in_bytes", usageFile: "memory.usage_in_bytes",
-				killsFile: "memory.oom_control", killsFileLabel: "oom_kill"}, nil
-		}
-	}
-	if host.UnifiedOnly(mounts) {
-		for _, m := range mounts {
-			if m.V2 {
-				return memoryCgroups{root: m.Path, limitFile: "memory.max", usageFile: "memory.current",
-					killsFile: "memory.events", killsFileLabel: "oom_kill", unlimited: "max"}, nil
-			}
-		}
-	}
-	return memoryCgroups{}, errors.New("no memory cgroup hierarchy on this machine")
+	return squeeze(ctx, rel, timeout)
 }
 
 // podCgroup finds the pod's cgroup under kubepods: kubepods/pod<uid> (Guaranteed),
 // kubepods/burstable/pod<uid> or kubepods/besteffort/pod<uid>.
-func (m memoryCgroups) podCgroup(kubepods, uid string) (string, error) {
+func podCgroup(kubepods, uid string) (string, error) {
 	for _, qos := range []string{"", "burstable", "besteffort"} {
 		rel := filepath.Join(kubepods, qos, "pod"+uid)
-		if fi, err := os.Stat(filepath.Join(m.root, rel)); err == nil && fi.IsDir() {
+		if _, _, err := cgroup.Detect(cgroupFSRoot, rel); err == nil {
 			return rel, nil
 		}
 	}
-	return "", fmt.Errorf("no cgroup for pod uid %s under %s (is the pod running?)", uid, filepath.Join(m.root, kubepods))
+	return "", fmt.Errorf("no memory cgroup for pod uid %s under %s (is the pod running?)", uid, kubepods)
 }
 
-func (m memoryCgroups) readInt(rel, file string) (int64, error) {
-	b, err := os.ReadFile(filepath.Join(m.root, rel, file))
-	if err != nil {
-		return 0, err
+// setMemoryLimit writes a memory limit in bytes (no limit when not positive) to the cgroup
+// directory dir of version v; agent/cgroup reads, the lab alone writes.
+func setMemoryLimit(v cgroup.Version, dir string, limit int64) error {
+	file, value := "memory.limit_in_bytes", strconv.FormatInt(limit, 10)
+	if v == cgroup.V2 {
+		file = "memory.max"
 	}
-	s := strings.TrimSpace(string(b))
-	if m.unlimited != "" && s == m.unlimited {
-		return -1, nil
+	if limit <= 0 {
+		value = map[cgroup.Version]string{cgroup.V1: "-1", cgroup.V2: "max"}[v]
 	}
-	return strconv.ParseInt(s, 10, 64)
+	return os.WriteFile(filepath.Join(dir, file), []byte(value), 0o644)
 }
 
-// kills reads the OOM kill counters of the cgroup and of every cgroup below it (v1
-// memory.oom_control, v2 memory.events): the kernel counts a kill in the victim's own
-// cgroup (a container's), which v1 does not add up the tree.
-func (m memoryCgroups) kills(rel string) map[string]int64 {
-	counts := map[string]int64{}
-	_ = filepath.WalkDir(filepath.Join(m.root, rel), func(path string, d fs.DirEntry, err error) error {
+// subtreeKills reads the OOM kill counters of the cgroup at dir and of every cgroup below
+// it: the kernel counts a kill in the victim's own cgroup (a container's), which v1 does
+// not add up the tree.
+func subtreeKills(dir string) map[string]uint64 {
+	counts := map[string]uint64{}
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
 			return nil
 		}
-		b, err := os.ReadFile(filepath.Join(path, m.killsFile))
-		if err != nil {
-			return nil
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) == 2 && f[0] == m.killsFileLabel {
-				n, _ := strconv.ParseInt(f[1], 10, 64)
-				counts[path] = n
-			}
+		if m, err := cgroup.Read(path, ""); err == nil && m.HasOOMKill {
+			counts[path] = m.OOMKill
 		}
 		return nil
 	})
@@ -295,31 +253,25 @@ func (m memoryCgroups) kills(rel string) map[string]int64 {
 }
 
 // newKills is how many kills after counts there are in before's cgroups (and new ones).
-func newKills(before, after map[string]int64) int64 {
+func newKills(before, after map[string]uint64) int64 {
 	var n int64
 	for path, c := range after {
-		n += max(0, c-before[path])
+		if c > before[path] {
+			n += int64(c - before[path])
+		}
 	}
 	return n
 }
 
-func (m memoryCgroups) writeLimit(rel string, v int64) error {
-	s := strconv.FormatInt(v, 10)
-	if v < 0 && m.unlimited != "" {
-		s = m.unlimited
-	}
-	return os.WriteFile(filepath.Join(m.root, rel, m.limitFile), []byte(s), 0o644)
-}
-
 // squeeze sets the cgroup's limit to its usage (a little more when the kernel refuses:
 // usage moves), waits for an OOM kill in it, and restores the limit.
-func (m memoryCgroups) squeeze(ctx context.Context, rel string, timeout time.Duration) (res OOMResult, err error) {
+func squeeze(ctx context.Context, rel string, timeout time.Duration) (res OOMResult, err error) {
 	res.Cgroup = rel
-	orig, err := m.readInt(rel, m.limitFile)
+	orig, err := cgroup.Read(cgroupFSRoot, rel)
 	if err != nil {
 		return res, err
 	}
-	before := m.kills(rel)
+	before := subtreeKills(orig.Dir)
 	// The kernel names the cgroup that ran out in its report; the counters are the
 	// fallback for a report the kernel rate-limited, or a kmsg this process cannot read.
 	reported := make(chan kmsg.OOMKill, 16)
@@ -331,22 +283,25 @@ func (m memoryCgroups) squeeze(ctx context.Context, rel string, timeout time.Dur
 	start := time.Now()
 	set := false
 	for margin := int64(0); margin <= 64<<20 && !set; margin = max(2*margin, 1<<20) {
-		usage, err := m.readInt(rel, m.usageFile)
+		now, err := cgroup.Read(cgroupFSRoot, rel)
 		if err != nil {
 			return res, err
 		}
-		res.Limit = usage + margin
-		if err := m.writeLimit(rel, res.Limit); err == nil {
+		res.Limit = now.Usage + margin
+		if err := setMemoryLimit(orig.Version, orig.Dir, res.Limit); err == nil {
 			set = true
 		} else if !errors.Is(err, syscall.EBUSY) {
 			return res, fmt.Errorf("lower the memory limit of %s: %w", rel, err)
 		}
 	}
 	defer func() {
-		if rerr := m.writeLimit(rel, orig); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("restore the memory limit of %s to %d: %w (write it by hand)", rel, orig, rerr))
+		if rerr := setMemoryLimit(orig.Version, orig.Dir, orig.Limit); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("restore the memory limit of %s to %d: %w (write it by hand)", rel, orig.Limit, rerr))
 		}
-		res.Restored = orig
+		res.Restored = orig.Limit
+		if orig.Limit == 0 {
+			res.Restored = -1
+		}
 	}()
 	if !set {
 		return res, fmt.Errorf("the kernel refused every limit up to 64 MiB above the usage of %s", rel)
@@ -356,7 +311,7 @@ func (m memoryCgroups) squeeze(ctx context.Context, rel string, timeout time.Dur
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if n := newKills(before, m.kills(rel)); n > 0 {
+		if n := newKills(before, subtreeKills(orig.Dir)); n > 0 {
 			res.Kills, res.Took = n, time.Since(start)
 			return res, nil
 		}
