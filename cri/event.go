@@ -71,6 +71,11 @@ type ContainerEvent struct {
 	CgroupPath string
 	// MemoryLimit is the container's memory limit in bytes; 0 when none or unknown.
 	MemoryLimit int64
+	// PID is the container's init process as the runtime reports it (the "pid" of the
+	// CRI verbose status), a number in the runtime's PID namespace: the kernel's own
+	// numbering on an ordinary node, not on a nested one (kind). 0 when unknown (stream
+	// events carry no verbose status; an exited container has none).
+	PID int
 
 	// Source says where the event was observed (SourceRelist, SourceCRIEvents,
 	// SourceContainerd); ObservedAt when, by the watcher's clock.
