@@ -1,5 +1,5 @@
-// Package containerd starts a real containerd (Debian's 1.6 with runc 1.1) with its CRI
-// plugin for tests, and plays the kubelet over CRI: pod sandboxes and containers with the
+// Package containerd starts a real containerd with its CRI plugin for tests (Debian's 1.6
+// with runc 1.1, or 2.x with runc 1.5 built from their modules: see Runtime), and plays the kubelet over CRI: pod sandboxes and containers with the
 // kubelet's labels, a cgroup parent, a command and a memory limit.
 //
 // One containerd is shared by the tests of a package:
@@ -36,7 +36,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -63,6 +62,8 @@ type Options struct {
 	Keep bool
 	// Images are imported after start; default images.BuildAll.
 	Images []images.Image
+	// Runtime is the containerd build to run; default Debian's.
+	Runtime *Runtime
 }
 
 // Env is a running containerd with the CRI plugin.
@@ -81,19 +82,18 @@ type Env struct {
 	Images  runtimeapi.ImageServiceClient
 	// Version is what containerd's CRI Version call reports, e.g. "containerd 1.6.20~ds1".
 	Version string
+	// Containerd is the build that runs.
+	Containerd Runtime
 	// StartupTime is how long the first start took until CRI reported RuntimeReady;
 	// ImportTime how long importing the images took (build not included).
 	StartupTime, ImportTime time.Duration
 
 	conn    *grpc.ClientConn
 	keep    bool
-	bins    binaries
 	mu      sync.Mutex
 	proc    *host.Process
 	stopped bool
 }
-
-type binaries struct{ containerd, ctr, runc, shim string }
 
 // ErrNotAvailable means containerd, runc or busybox-static is not installed, or the test
 // does not run as root.
@@ -106,8 +106,10 @@ var envCounter atomic.Int32
 // Start builds and imports the test images when opts.Images is empty, starts containerd and
 // waits until its CRI plugin is ready.
 func Start(ctx context.Context, opts Options) (_ *Env, err error) {
-	bins, err := findBinaries()
-	if err != nil {
+	var rt Runtime
+	if opts.Runtime != nil {
+		rt = *opts.Runtime
+	} else if rt, err = Debian(); err != nil {
 		return nil, err
 	}
 	base := opts.BaseDir
@@ -140,7 +142,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		Socket:     filepath.Join(dir, "containerd.sock"),
 		CgroupName: "coroner-containerd-" + name,
 		keep:       opts.Keep || os.Getenv("CORONER_CONTAINERD_KEEP") == "1",
-		bins:       bins,
+		Containerd: rt,
 	}
 	e.Endpoint = "unix://" + e.Socket
 	if len(e.Socket) > 100 {
@@ -171,7 +173,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 
 	start = time.Now()
 	for _, img := range imgs {
-		if err := images.Import(ctx, bins.ctr, e.Socket, img.Tarball); err != nil {
+		if err := images.Import(ctx, rt.Ctr, e.Socket, img.Tarball); err != nil {
 			return nil, err
 		}
 	}
@@ -186,29 +188,6 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	return e, nil
 }
 
-func findBinaries() (binaries, error) {
-	if os.Geteuid() != 0 {
-		return binaries{}, fmt.Errorf("%w: containerd and runc need root (euid %d)", ErrNotAvailable, os.Geteuid())
-	}
-	var b binaries
-	var missing []string
-	for _, x := range []struct {
-		name string
-		dst  *string
-	}{{"containerd", &b.containerd}, {"ctr", &b.ctr}, {"runc", &b.runc}, {"containerd-shim-runc-v2", &b.shim}} {
-		p, err := exec.LookPath(x.name)
-		if err != nil {
-			missing = append(missing, x.name)
-			continue
-		}
-		*x.dst = p
-	}
-	if len(missing) > 0 {
-		return b, fmt.Errorf("%w: %s not on PATH (apt-get install containerd runc busybox-static)", ErrNotAvailable, strings.Join(missing, ", "))
-	}
-	return b, nil
-}
-
 // config is containerd's config.toml for this Env.
 func (e *Env) config() string {
 	return ConfigTOML(ConfigDirs{
@@ -218,6 +197,7 @@ func (e *Env) config() string {
 		Opt:      filepath.Join(e.Dir, "opt"),
 		RuncRoot: filepath.Join(e.Dir, "runc"),
 		CNIConf:  filepath.Join(e.Dir, "cni"),
+		Runtime:  e.Containerd,
 	})
 }
 
@@ -229,13 +209,24 @@ type ConfigDirs struct {
 	RuncRoot string
 	// CNIConf is the CNI configuration directory (plugins from /usr/lib/cni).
 	CNIConf string
+	// Runtime says which containerd reads the config (version 2 for 1.x, 3 for 2.x) and
+	// which shim and runc it runs.
+	Runtime Runtime
 }
 
-// ConfigTOML is a containerd 1.6 config.toml (version 2) that works on these machines
-// (lab-notes.md): restrict_oom_score_adj (no CAP_SYS_RESOURCE), overlayfs, runc v2 with
-// cgroupfs, the local pause image, and the snapshotters this host cannot run disabled.
-// test/containerd and the lab's nodes use it.
+// ConfigTOML is a containerd config.toml that works on these machines (lab-notes.md):
+// restrict_oom_score_adj (no CAP_SYS_RESOURCE), overlayfs, runc v2 with cgroupfs, the
+// local pause image, and the snapshotters this host cannot run disabled; version 2 for
+// containerd 1.x, version 3 for 2.x (d.Runtime.Major). test/containerd and the lab's nodes
+// use it.
 func ConfigTOML(d ConfigDirs) string {
+	if d.Runtime.Major >= 2 {
+		return configV3(d)
+	}
+	runc := ""
+	if d.Runtime.Runc != "" {
+		runc = fmt.Sprintf("\n        BinaryName = %q", d.Runtime.Runc)
+	}
 	return fmt.Sprintf(`version = 2
 root = %[1]q
 state = %[2]q
@@ -265,19 +256,71 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-        Root = %[6]q
+        Root = %[6]q%[8]s
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = %[7]q
     max_conf_num = 1
-`, d.Root, d.State, d.Socket, d.Opt, images.PauseName, d.RuncRoot, d.CNIConf)
+`, d.Root, d.State, d.Socket, d.Opt, images.PauseName, d.RuncRoot, d.CNIConf, runc)
+}
+
+// configV3 is the config of containerd 2.x: the CRI plugin is split into images, runtime
+// and the gRPC service; the runc shim is named by path (Debian's 1.6 shim on PATH would
+// otherwise be found first), NRI is off (its socket, /var/run/nri/nri.sock, is one per
+// machine and the lab runs several containerds).
+func configV3(d ConfigDirs) string {
+	return fmt.Sprintf(`version = 3
+root = %[1]q
+state = %[2]q
+oom_score = 0
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs", "io.containerd.nri.v1.nri"]
+
+[grpc]
+  address = %[3]q
+
+[ttrpc]
+  address = "%[3]s.ttrpc"
+
+[debug]
+  level = "info"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = %[4]q
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = %[5]q
+
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  disable_apparmor = true
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      runtime_path = %[8]q
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = %[6]q
+        BinaryName = %[9]q
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = %[7]q
+    max_conf_num = 1
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+`, d.Root, d.State, d.Socket, d.Opt, images.PauseName, d.RuncRoot, d.CNIConf, d.Runtime.Shim, d.Runtime.Runc)
 }
 
 // start runs containerd and waits until CRI says the runtime is ready. Every start gets a
 // new gRPC connection with a short reconnect backoff: with gRPC's default one (1 s) a
 // connection that dialled before containerd listened, or saw it die, waits a second.
 func (e *Env) start(ctx context.Context) error {
-	p, err := host.StartProcess(e.Dir, "containerd", e.bins.containerd, "--config", filepath.Join(e.Dir, "config.toml"))
+	p, err := host.StartProcess(e.Dir, "containerd", e.Containerd.Containerd, "--config", filepath.Join(e.Dir, "config.toml"))
 	if err != nil {
 		return err
 	}

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes and etcd binaries that the integration harness and the lab run, from
-# the Go modules pinned in this folder's go.mod, into _output/bin/ of the repository.
-# A binary is rebuilt only when it is missing or was built from a different go.mod/go.sum
-# (its stamp file records their checksum), so repeated runs take a second.
+# Builds the binaries that the integration harness and the lab run, from Go modules, into
+# _output/bin/ of the repository:
+#   - Kubernetes and etcd from the modules pinned in this folder's go.mod;
+#   - containerd 2.x (containerd, containerd-shim-runc-v2, ctr) and runc, pinned below, into
+#     _output/bin/containerd2/, beside Debian's containerd 1.6 and runc 1.1 in /usr/bin, so
+#     that tests and the lab run both runtimes (runc needs cgo and libseccomp-dev).
+# A binary is rebuilt only when it is missing or was built from different inputs (its stamp
+# file records their checksum), so repeated runs take a second.
 #
 # usage: test/tools/build.sh [NAME ...]   (default: every tool)
 set -euo pipefail
@@ -13,7 +17,9 @@ out=${CORONER_BIN_DIR:-$root/_output/bin}
 mkdir -p "$out"
 
 kube_version=v1.36.3
-all=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+containerd_version=v2.4.2
+runc_version=v1.5.2
+all=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl containerd2 runc)
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${all[@]}")
 
@@ -27,9 +33,48 @@ done
 
 stamp=$(cat "$here/go.mod" "$here/go.sum" "$here/etcd/main.go" | sha256sum | cut -c1-16)
 
+# build_module NAME STAMP DIR LDFLAGS TAGS CGO PKG@VERSION...: go install from the module proxy
+# (the module's own go.mod decides its dependencies), skipped when DIR/.NAME.stamp matches.
+build_module() {
+  local name=$1 stamp=$2 dir=$3 ldflags=$4 tags=$5 cgo=$6
+  shift 6
+  if [ "$(cat "$dir/.$name.stamp" 2>/dev/null)" = "$stamp" ]; then
+    echo "tools: $name up to date"
+    return
+  fi
+  echo "tools: building $name ($*)"
+  local start=$SECONDS tmp
+  tmp=$(mktemp -d "$out/.$name.XXXXXX")
+  (cd "$tmp" && GOBIN="$tmp" GOFLAGS= CGO_ENABLED=$cgo go install -trimpath -tags "$tags" -ldflags "$ldflags" "$@")
+  mkdir -p "$dir"
+  for f in "$tmp"/*; do mv -f "$f" "$dir/"; done
+  rmdir "$tmp"
+  echo "$stamp" > "$dir/.$name.stamp"
+  echo "tools: built $name in $((SECONDS - start))s"
+}
+
 cd "$here"
 for name in "${names[@]}"; do
   case "$name" in
+    containerd2)
+      # containerd 2.x: CRI GetContainerEvents (the agent's events mode), config version 3.
+      # no_btrfs: Debian's btrfs headers are not needed and the snapshotter is disabled.
+      v=${containerd_version#v}
+      build_module containerd2 "$containerd_version" "$out/containerd2" \
+        "-s -w -X github.com/containerd/containerd/v2/version.Version=$v -X github.com/containerd/containerd/v2/version.Revision=module" \
+        no_btrfs 0 \
+        "github.com/containerd/containerd/v2/cmd/containerd@$containerd_version" \
+        "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$containerd_version" \
+        "github.com/containerd/containerd/v2/cmd/ctr@$containerd_version"
+      continue ;;
+    runc)
+      # runc with seccomp (cgo + libseccomp-dev), as distributions ship it.
+      if ! pkg-config --exists libseccomp 2>/dev/null && [ ! -e /usr/include/seccomp.h ]; then
+        echo "build.sh: runc needs libseccomp-dev (apt-get install libseccomp-dev)" >&2; exit 1
+      fi
+      build_module runc "$runc_version" "$out/containerd2" "-X main.version=${runc_version#v}" \
+        "seccomp urfave_cli_no_docs" 1 "github.com/opencontainers/runc@$runc_version"
+      continue ;;
     etcd) pkg=./etcd ;;
     kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kubectl) pkg=k8s.io/kubernetes/cmd/$name ;;
     *) echo "build.sh: unknown tool '$name' (known: ${all[*]})" >&2; exit 2 ;;
