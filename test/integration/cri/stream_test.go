@@ -1,0 +1,210 @@
+package cri_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/coroner-dev/coroner/test/containerd"
+	"github.com/coroner-dev/coroner/test/containerd/containerdtest"
+)
+
+// streamRecorder keeps what a raw GetContainerEvents stream sends.
+type streamRecorder struct {
+	mu     sync.Mutex
+	events []*runtimeapi.ContainerEventResponse
+	err    error
+}
+
+func (r *streamRecorder) of(id string) []*runtimeapi.ContainerEventResponse {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*runtimeapi.ContainerEventResponse
+	for _, ev := range r.events {
+		if ev.GetContainerId() == id {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func types(evs []*runtimeapi.ContainerEventResponse) string {
+	var s []string
+	for _, ev := range evs {
+		s = append(s, strings.TrimSuffix(strings.TrimPrefix(ev.GetContainerEventType().String(), "CONTAINER_"), "_EVENT"))
+	}
+	return strings.Join(s, ",")
+}
+
+// subscribe opens GetContainerEvents on env as a second client beside the test's "kubelet"
+// and records until the test ends.
+func subscribe(t *testing.T, env *containerd.Env) *streamRecorder {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := env.Runtime.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		cancel()
+		t.Fatalf("GetContainerEvents: %v", err)
+	}
+	r := &streamRecorder{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			ev, err := stream.Recv()
+			r.mu.Lock()
+			if err != nil {
+				r.err = err
+				r.mu.Unlock()
+				return
+			}
+			r.events = append(r.events, ev)
+			r.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return r
+}
+
+// TestContainerdV2EventStream records what containerd 2.x's CRI GetContainerEvents really
+// sends, the facts cri.Watcher's events mode rests on (measured with 2.4.2; the queue is
+// containerd's internal/eventq):
+//   - a container's life is CREATED, STARTED, STOPPED, DELETED, once each, and the stopped
+//     event carries the exit code, reason and finishedAt of the container;
+//   - events sent while nobody subscribed are kept (5 minutes) and replayed to the next
+//     subscriber: stale events, told apart by a CreatedAt before the subscription;
+//   - every subscriber receives every event (a second one steals nothing from the first),
+//     through a 100-event buffer that containerd waits on: a subscriber that stops reading
+//     holds back the events of every other one.
+//
+// containerd 1.6 answers Unimplemented, checked too.
+func TestContainerdV2EventStream(t *testing.T) {
+	containerdtest.Each(t, func(t *testing.T, env *containerd.Env) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if !env.Containerd.Events() {
+			stream, err := env.Runtime.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+			if err == nil {
+				_, err = stream.Recv()
+			}
+			if err == nil || !strings.Contains(err.Error(), "Unimplemented") {
+				t.Errorf("%s: GetContainerEvents answered %v, want Unimplemented", env.Containerd.Name, err)
+			}
+			return
+		}
+
+		// Before the subscription: one container that exits, one left running until later.
+		pod, err := env.RunPod(ctx, "it", "stream")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pod.Remove(ctx)
+		early, err := pod.StartContainer(ctx, containerd.Container{Name: "early", Command: []string{"sh", "-c", "exit 4"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before, err := pod.StartContainer(ctx, containerd.Container{Name: "before",
+			Command: []string{"sh", "-c", "while [ ! -e /tmp/stop ]; do sleep 0.05; done; exit 5"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, "the early container exiting", func() bool {
+			st, err := env.ContainerStatus(ctx, early)
+			return err == nil && st.GetState() == runtimeapi.ContainerState_CONTAINER_EXITED
+		})
+
+		subscribedAt := time.Now()
+		rec := subscribe(t, env)
+		id, err := pod.StartContainer(ctx, containerd.Container{Name: "main", Command: []string{"sh", "-c", "sleep 0.2; exit 3"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.Runtime.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: before, Cmd: []string{"touch", "/tmp/stop"}, Timeout: 10}); err != nil {
+			t.Fatalf("exec in the container started before the subscription: %v", err)
+		}
+		waitUntil(t, "stopped events of both containers", func() bool {
+			return strings.Contains(types(rec.of(id)), "STOPPED") && strings.Contains(types(rec.of(before)), "STOPPED")
+		})
+		if _, err := env.Runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, "the deleted event", func() bool { return strings.Contains(types(rec.of(id)), "DELETED") })
+		time.Sleep(500 * time.Millisecond) // late duplicates
+
+		evs := rec.of(id)
+		t.Logf("%s: events of a container's life: %s", env.Containerd.Name, types(evs))
+		if got := types(evs); got != "CREATED,STARTED,STOPPED,DELETED" {
+			t.Errorf("event types %s, want CREATED,STARTED,STOPPED,DELETED once each", got)
+		}
+		for _, ev := range evs {
+			if ev.GetPodSandboxStatus().GetId() != pod.SandboxID {
+				t.Errorf("%v: sandbox %q, want %q", ev.GetContainerEventType(), ev.GetPodSandboxStatus().GetId(), pod.SandboxID)
+			}
+			if at := time.Unix(0, ev.GetCreatedAt()); at.Before(subscribedAt.Add(-time.Second)) {
+				t.Errorf("%v created at %v, before the subscription at %v", ev.GetContainerEventType(), at, subscribedAt)
+			}
+			if ev.GetContainerEventType() != runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT {
+				continue
+			}
+			var st *runtimeapi.ContainerStatus
+			for _, cs := range ev.GetContainersStatuses() {
+				if cs.GetId() == id {
+					st = cs
+				}
+			}
+			if st == nil || st.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED || st.GetExitCode() != 3 || st.GetReason() != "Error" || st.GetFinishedAt() == 0 {
+				t.Errorf("stopped event's status of the container: %v, want exited 3 Error with finishedAt", st)
+			} else {
+				t.Logf("stopped event carries exit code %d reason %q, %d container statuses of the pod, %v after finishedAt",
+					st.GetExitCode(), st.GetReason(), len(ev.GetContainersStatuses()),
+					time.Unix(0, ev.GetCreatedAt()).Sub(time.Unix(0, st.GetFinishedAt())).Round(time.Millisecond))
+			}
+		}
+		// Replayed: what happened before the subscription, every event dated before it.
+		stale := func(evs []*runtimeapi.ContainerEventResponse) (old, fresh string) {
+			var o, f []*runtimeapi.ContainerEventResponse
+			for _, ev := range evs {
+				if time.Unix(0, ev.GetCreatedAt()).Before(subscribedAt) {
+					o = append(o, ev)
+				} else {
+					f = append(f, ev)
+				}
+			}
+			return types(o), types(f)
+		}
+		if old, fresh := stale(rec.of(early)); old != "CREATED,STARTED,STOPPED" || fresh != "" {
+			t.Errorf("container that exited before the subscription: stale events %q, fresh %q; want CREATED,STARTED,STOPPED replayed, dated before", old, fresh)
+		}
+		if old, fresh := stale(rec.of(before)); old != "CREATED,STARTED" || fresh != "STOPPED" {
+			t.Errorf("container started before the subscription: stale events %q, fresh %q; want CREATED,STARTED replayed and STOPPED new", old, fresh)
+		}
+		// A second subscriber gets every event too, and no replay (the first took the queue).
+		second := subscribe(t, env)
+		again, err := pod.StartContainer(ctx, containerd.Container{Name: "again", Command: []string{"sh", "-c", "exit 6"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, "both subscribers seeing the stop", func() bool {
+			return strings.Contains(types(rec.of(again)), "STOPPED") && strings.Contains(types(second.of(again)), "STOPPED")
+		})
+		if a, b := types(rec.of(again)), types(second.of(again)); a != b || a != "CREATED,STARTED,STOPPED" {
+			t.Errorf("first subscriber saw %s, second %s; want CREATED,STARTED,STOPPED for both", a, b)
+		}
+		if got := types(second.of(early)); got != "" {
+			t.Errorf("second subscriber got replayed events %s", got)
+		}
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		if rec.err != nil {
+			t.Errorf("stream ended: %v", rec.err)
+		}
+		if n := len(rec.events); n > 0 {
+			t.Logf("%d events in all: %s", n, fmt.Sprint(types(rec.events)))
+		}
+	})
+}
