@@ -22,6 +22,7 @@ import (
 	"github.com/coroner-dev/coroner/agent"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/containerd"
+	"github.com/coroner-dev/coroner/test/containerd/containerdtest"
 	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/integration/agent/kubeletsim"
 )
@@ -163,9 +164,9 @@ type fixture struct {
 	ns     string
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T, cri *containerd.Env) *fixture {
 	t.Helper()
-	api, cri := envs(t)
+	api := apiServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	return &fixture{t: t, ctx: ctx, api: api, cri: cri, client: kubernetes.NewForConfigOrDie(api.Config), ns: api.Namespace(t)}
@@ -255,8 +256,10 @@ func (f *fixture) waitExited(p *kubeletsim.Pod, id string) (code int32, reason s
 // TestExitCodeLeftToTheKubelet (a): exit 3 of a restartPolicy Never pod is seen by the
 // agent, and it writes nothing: no phase while the pod is not being deleted, and nothing
 // over the kubelet's status when it comes.
-func TestExitCodeLeftToTheKubelet(t *testing.T) {
-	f := newFixture(t)
+func TestExitCodeLeftToTheKubelet(t *testing.T) { containerdtest.Each(t, testExitCodeLeftToTheKubelet) }
+
+func testExitCodeLeftToTheKubelet(t *testing.T, env *containerd.Env) {
+	f := newFixture(t, env)
 	a := startAgent(t, f.api, nodeA, f.cri.Endpoint)
 	p := f.pod(nodeA, "exit3", 0, "sh", "-c", "sleep 0.3; exit 3")
 	id := f.start(p)
@@ -293,8 +296,10 @@ func TestExitCodeLeftToTheKubelet(t *testing.T) {
 
 // TestLimitOOM (b): a container over its 20 MiB limit is stamped coroner.dev/OOMKilled,
 // reason MemoryLimitExceeded, with a message naming the container and the limit.
-func TestLimitOOM(t *testing.T) {
-	f := newFixture(t)
+func TestLimitOOM(t *testing.T) { containerdtest.Each(t, testLimitOOM) }
+
+func testLimitOOM(t *testing.T, env *containerd.Env) {
+	f := newFixture(t, env)
 	a := startAgent(t, f.api, nodeA, f.cri.Endpoint)
 	p := f.pod(nodeA, "hog", 20<<20, "/bin/memhog")
 	id := f.start(p)
@@ -321,8 +326,10 @@ func TestLimitOOM(t *testing.T) {
 
 // TestChildOOM (c): the kernel kills a child over the limit while PID 1 survives: the
 // pod is stamped all the same, and the container keeps running.
-func TestChildOOM(t *testing.T) {
-	f := newFixture(t)
+func TestChildOOM(t *testing.T) { containerdtest.Each(t, testChildOOM) }
+
+func testChildOOM(t *testing.T, env *containerd.Env) {
+	f := newFixture(t, env)
 	startAgent(t, f.api, nodeA, f.cri.Endpoint)
 	p := f.pod(nodeA, "child-hog", 20<<20, "/bin/memhog", "-child")
 	id := f.start(p)
@@ -341,8 +348,10 @@ func TestChildOOM(t *testing.T) {
 
 // TestRuntimeRestart (d): containerd dies, the container is OOM-killed while it is down,
 // containerd comes back: the stamp still appears; /healthz fails meanwhile and says why.
-func TestRuntimeRestart(t *testing.T) {
-	f := newFixture(t)
+func TestRuntimeRestart(t *testing.T) { containerdtest.Each(t, testRuntimeRestart) }
+
+func testRuntimeRestart(t *testing.T, env *containerd.Env) {
+	f := newFixture(t, env)
 	a := startAgent(t, f.api, nodeA, f.cri.Endpoint)
 	p := f.pod(nodeA, "restart", 20<<20, "sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.05; done; exec /bin/memhog")
 	id := f.start(p)
@@ -392,8 +401,10 @@ func TestRuntimeRestart(t *testing.T) {
 // TestTerminalPhaseOnDeletion (e, A4): a pod whose container exited 0 is deleted; with no
 // kubelet to finish it, the agent sets phase Succeeded after --phase-grace, not before,
 // and never deletes it.
-func TestTerminalPhaseOnDeletion(t *testing.T) {
-	f := newFixture(t)
+func TestTerminalPhaseOnDeletion(t *testing.T) { containerdtest.Each(t, testTerminalPhaseOnDeletion) }
+
+func testTerminalPhaseOnDeletion(t *testing.T, env *containerd.Env) {
+	f := newFixture(t, env)
 	a := startAgent(t, f.api, nodeA, f.cri.Endpoint)
 	p := f.pod(nodeA, "done", 0, "sh", "-c", "sleep 0.3; exit 0")
 	id := f.start(p)
@@ -435,8 +446,10 @@ func TestTerminalPhaseOnDeletion(t *testing.T) {
 
 // TestOtherNodeUntouched (f): a pod of another node, OOM-killed on the same containerd,
 // is never written by node-a's agent, while node-a's own pod is.
-func TestOtherNodeUntouched(t *testing.T) {
-	f := newFixture(t)
+func TestOtherNodeUntouched(t *testing.T) { containerdtest.Each(t, testOtherNodeUntouched) }
+
+func testOtherNodeUntouched(t *testing.T, env *containerd.Env) {
+	f := newFixture(t, env)
 	a := startAgent(t, f.api, nodeA, f.cri.Endpoint)
 	theirs := f.pod(nodeB, "theirs", 20<<20, "/bin/memhog")
 	ours := f.pod(nodeA, "ours", 20<<20, "/bin/memhog")

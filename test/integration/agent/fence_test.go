@@ -22,6 +22,7 @@ import (
 	"github.com/coroner-dev/coroner/agent/fence"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/containerd"
+	"github.com/coroner-dev/coroner/test/containerd/containerdtest"
 	"github.com/coroner-dev/coroner/test/integration/agent/kubeletsim"
 )
 
@@ -204,13 +205,14 @@ func startFencingAgent(t *testing.T, f *fixture, node, host string, fenceAfter t
 // for longer than --fence-after it stops the containers of its node's opted-in pod, and
 // only those, again when the kubelet starts one anew; back, it records fenced-at on the
 // Lease and a Fenced Event on the Node, and is no longer fenced.
-func TestFencing(t *testing.T) {
-	const (
-		node       = "node-fence"
-		fenceAfter = 10 * time.Second
-	)
+func TestFencing(t *testing.T) { containerdtest.Each(t, testFencing) }
+
+func testFencing(t *testing.T, env *containerd.Env) {
+	const fenceAfter = 10 * time.Second
+	// A Node of its own per runtime: the Fenced Events of one run must not meet the other's.
+	node := "node-fence-" + strings.ReplaceAll(env.Containerd.Name, ".", "-")
 	renewPeriod := fence.RenewPeriod(fenceAfter)
-	f := newFixture(t)
+	f := newFixture(t, env)
 	ctx := f.ctx
 
 	n := f.registerNode(node)
@@ -367,12 +369,13 @@ func TestFencing(t *testing.T) {
 // the containers whose sandboxes' annotations (the kubelet's copy of the pod's) opt in,
 // though its pod cache is empty, and only those; back, it writes its Lease with fenced-at
 // and a Fenced Event on the Node.
-func TestFencingStartedCutOff(t *testing.T) {
-	const (
-		node       = "node-fence-cut"
-		fenceAfter = 10 * time.Second
-	)
-	f := newFixture(t)
+func TestFencingStartedCutOff(t *testing.T) { containerdtest.Each(t, testFencingStartedCutOff) }
+
+func testFencingStartedCutOff(t *testing.T, env *containerd.Env) {
+	const fenceAfter = 10 * time.Second
+	// A Node of its own per runtime: the Fenced Events of one run must not meet the other's.
+	node := "node-fence-cut-" + strings.ReplaceAll(env.Containerd.Name, ".", "-")
+	f := newFixture(t, env)
 	ctx := f.ctx
 	n := f.registerNode(node)
 
