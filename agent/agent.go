@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/coroner-dev/coroner/agent/classify"
 	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/agent/fence"
 	"github.com/coroner-dev/coroner/agent/kmsg"
@@ -44,7 +46,15 @@ const (
 )
 
 // uidIndex indexes the pod cache by metadata.uid: containers name their pod by UID.
-const uidIndex = "uid"
+// mirrorIndex indexes mirror pods by the UID their static pod has on the node: the
+// kubelet's config hash, which is the CRI pod UID label (io.kubernetes.pod.uid) and
+// the pod<hash> of the pod's cgroup, and which the mirror pod carries in the
+// annotation kubernetes.io/config.mirror (its metadata.uid is another, the API
+// server's).
+const (
+	uidIndex    = "uid"
+	mirrorIndex = "mirror"
+)
 
 // Config configures an Agent. NodeName, Client and Source are required.
 type Config struct {
@@ -93,6 +103,11 @@ type Config struct {
 	// Recorder emits Stamped Events on pods (and the Fenced Event on the node); nil means
 	// one built from Client.
 	Recorder record.EventRecorder
+	// InitPIDNamespace reports whether the agent runs in the init PID namespace
+	// (hostPID), where the PIDs it reads from cgroup.procs are the kernel's (see
+	// classify.TrustedPIDs); nil means read /proc/self/ns/pid (the init namespace's
+	// inode is PROC_PID_INIT_INO, 0xEFFFFFFC). An error counts as not.
+	InitPIDNamespace func() (bool, error)
 	// Fencing, when not nil, turns fencing on (A6, agent/fence): its Namespace,
 	// FenceAfter and Runtime (and optionally Client, MaxStopTimeout and Start) are the
 	// caller's; the agent fills in its NodeName, Client when nil, Pods (its pod cache),
@@ -134,6 +149,13 @@ type Agent struct {
 	// reasonSeen is when the agent first saw a pod's status.reason (A3's event time).
 	reasonSeen map[types.UID]time.Time
 	kernel     kernelLog
+	// pids is what the agent knows about whose numbering PIDs are in: its own PID
+	// namespace, the host prefix learned from the kernel's paths, evidence that the
+	// runtime's PIDs are not the kernel's (see learnLocked).
+	pids classify.PIDFacts
+	// prefixConflict: a kernel path named one of the node's containers under another
+	// host prefix than the learned one (logged once).
+	prefixConflict bool
 	// started is when Run started.
 	started time.Time
 }
@@ -164,6 +186,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.PodWaitMax < cfg.PodCacheWait {
 		cfg.PodWaitMax = max(DefaultPodWaitMax, cfg.PodCacheWait)
 	}
+	if cfg.InitPIDNamespace == nil {
+		cfg.InitPIDNamespace = initPIDNamespace
+	}
 	a := &Agent{
 		cfg:        cfg,
 		clock:      cfg.Clock,
@@ -190,12 +215,21 @@ func New(cfg Config) (*Agent, error) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
 		}))
 	a.informer = a.factory.Core().V1().Pods().Informer()
-	if err := a.informer.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
-		if pod, ok := obj.(*corev1.Pod); ok {
-			return []string{string(pod.UID)}, nil
-		}
-		return nil, nil
-	}}); err != nil {
+	a.pids.InitNamespace, _ = cfg.InitPIDNamespace()
+	if err := a.informer.AddIndexers(cache.Indexers{
+		uidIndex: func(obj any) ([]string, error) {
+			if pod, ok := obj.(*corev1.Pod); ok {
+				return []string{string(pod.UID)}, nil
+			}
+			return nil, nil
+		},
+		mirrorIndex: func(obj any) ([]string, error) {
+			if pod, ok := obj.(*corev1.Pod); ok && pod.Annotations[corev1.MirrorPodAnnotationKey] != "" {
+				return []string{pod.Annotations[corev1.MirrorPodAnnotationKey]}, nil
+			}
+			return nil, nil
+		},
+	}); err != nil {
 		return nil, fmt.Errorf("agent: adding the pod index: %w", err)
 	}
 	if _, err := a.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -306,19 +340,44 @@ func (a *Agent) Run(ctx context.Context) error {
 	return nil
 }
 
-// podByUID returns the cached pod with uid, nil when there is none. A pod of another
-// node is never returned, even if the cache had one (the field selector keeps them out;
-// this is the second lock on the door: the agent writes only its own node's pods).
+// podByUID returns the cached pod with uid, nil when there is none. uid is the pod's
+// metadata.uid, or for a static pod the UID the node knows it by (its config hash, the
+// CRI label's), which finds its mirror pod: the pod in the API that is stamped. A pod of
+// another node is never returned, even if the cache had one (the field selector keeps
+// them out; this is the second lock on the door: the agent writes only its own node's
+// pods). A real pod with uid wins over a mirror pod claiming it.
 func (a *Agent) podByUID(uid types.UID) *corev1.Pod {
-	objs, err := a.informer.GetIndexer().ByIndex(uidIndex, string(uid))
-	if err != nil || len(objs) == 0 {
-		return nil
+	for _, index := range []string{uidIndex, mirrorIndex} {
+		objs, err := a.informer.GetIndexer().ByIndex(index, string(uid))
+		if err != nil {
+			continue
+		}
+		for _, obj := range objs {
+			if pod, _ := obj.(*corev1.Pod); pod != nil && pod.Spec.NodeName == a.cfg.NodeName {
+				return pod
+			}
+		}
 	}
-	pod, _ := objs[0].(*corev1.Pod)
-	if pod == nil || pod.Spec.NodeName != a.cfg.NodeName {
-		return nil
+	return nil
+}
+
+// runtimeUID is the UID the node's runtime knows a pod by: the static pod's config hash
+// for a mirror pod, else metadata.uid.
+func runtimeUID(pod *corev1.Pod) types.UID {
+	if h := pod.Annotations[corev1.MirrorPodAnnotationKey]; h != "" {
+		return types.UID(h)
 	}
-	return pod
+	return pod.UID
+}
+
+// initPIDNamespace reports whether this process is in the init PID namespace: the
+// inode of /proc/self/ns/pid ("pid:[4026531836]") is PROC_PID_INIT_INO.
+func initPIDNamespace() (bool, error) {
+	link, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return false, err
+	}
+	return link == fmt.Sprintf("pid:[%d]", uint32(0xEFFFFFFC)), nil
 }
 
 // nodePods returns the cached pods of the agent's node (the fencer's view of them, which
@@ -363,8 +422,10 @@ func (a *Agent) podDeleted(obj any) {
 		return
 	}
 	a.mu.Lock()
-	a.gone[pod.UID] = goneRecord{reason: metrics.DroppedPodGone, at: a.clock.Now()}
-	delete(a.observed, pod.UID)
+	for _, uid := range []types.UID{pod.UID, runtimeUID(pod)} {
+		a.gone[uid] = goneRecord{reason: metrics.DroppedPodGone, at: a.clock.Now()}
+		delete(a.observed, uid)
+	}
 	delete(a.reasonSeen, pod.UID)
 	a.mu.Unlock()
 	a.stamper.Forget(pod.UID)

@@ -626,3 +626,36 @@ func TestKubeletEviction(t *testing.T) {
 			metrics.Value(e.m.Stamps.WithLabelValues("TerminalPhase", "Failed")) == 1
 	})
 }
+
+// TestStaticPodMirrorStamped (N4): a static pod's containers carry the kubelet's config
+// hash as their pod UID (CRI label and cgroup pod<hash>); the agent finds the mirror pod
+// by its kubernetes.io/config.mirror annotation and stamps it, under its own name and
+// UID, and its pod-level decision sees the runtime's states.
+func TestStaticPodMirrorStamped(t *testing.T) {
+	const hash = "5b6f2f1f8d7c6e4d3b2a19081726354a"
+	mirror := newPod("etcd-node-a", "f0f0f0f0-f0f0-4f0f-8f0f-f0f0f0f0f0f0", corev1.RestartPolicyAlways, "etcd")
+	mirror.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: hash, "kubernetes.io/config.hash": hash}
+	e := newTestEnv(t, nil, mirror)
+	e.until("the mirror pod found by the hash", func() bool {
+		p := e.a.podByUID(hash)
+		return p != nil && p.Name == "etcd-node-a"
+	})
+	static := mirror.DeepCopy()
+	static.UID = hash // what the runtime's events say
+	id := containerID(30)
+	e.kernel <- oomKill(static, id, 0)
+	e.src.Send(exited(static, "etcd", id, 137, "OOMKilled"))
+	e.until("the exit classified", e.containerDone(id))
+	e.stepUntil("the stamp", 20*time.Millisecond, func() bool {
+		return conditions.IsTrue(&e.pod("etcd-node-a").Status, conditions.OOMKilled)
+	})
+	if got := e.pod("etcd-node-a"); got.UID != mirror.UID {
+		t.Errorf("stamped pod UID %s, want the mirror pod's %s", got.UID, mirror.UID)
+	}
+	if v := metrics.Value(e.m.DroppedEvents); v != 0 {
+		t.Errorf("dropped = %v, want 0", v)
+	}
+	if n := len(e.a.observedStates(runtimeUID(e.a.podByUID(mirror.UID)))); n != 1 {
+		t.Errorf("the pod-level decision sees %d runtime states, want 1", n)
+	}
+}

@@ -52,8 +52,15 @@ type container struct {
 	// cgroup is the container's memory cgroup as the kernel prints it, podCgroup its
 	// pod's; empty when unknown.
 	cgroup, podCgroup string
-	// pids are the container's processes seen in its cgroup.
-	pids []int
+	// pids are the container's processes seen in its cgroup.procs, in the agent's PID
+	// numbering (the kernel's only in the init PID namespace); procCount how many
+	// processes the last reading listed (0 for those the agent cannot see count too).
+	// runtimePID is the container's init process as the runtime reports it
+	// (cri.ContainerEvent.PID), in the runtime's numbering. Which of them may match a
+	// kernel line is classify.TrustedPIDs's decision.
+	pids       []int
+	procCount  int
+	runtimePID int
 	// podAtStart is the pod cgroup's reading when the container was first seen running;
 	// last and podLast the container's and the pod's at the last OOM event or at the
 	// exit, whichever came last and found the cgroup (a container's cgroup is usually
@@ -120,8 +127,15 @@ func (a *Agent) handleEvent(ev cri.ContainerEvent) {
 		a.containers[ev.ContainerID] = c
 	}
 	c.ev = mergeEvent(c.ev, ev)
+	if ev.PID > 0 {
+		c.runtimePID = ev.PID
+	}
 	if c.cgroup == "" && ev.CgroupPath != "" {
 		c.cgroup, c.podCgroup = cgroupPaths(ev.CgroupPath)
+		// Kernel lines read before the container's path was known may name it.
+		for _, kk := range a.kernel.kills {
+			a.learnLocked(kk.kill)
+		}
 	}
 	cgPath, podPath := c.cgroup, c.podCgroup
 	a.mu.Unlock()
@@ -132,6 +146,9 @@ func (a *Agent) handleEvent(ev cri.ContainerEvent) {
 		pids := readPIDs(m)
 		a.mu.Lock()
 		c.pids = mergePIDs(c.pids, pids)
+		if m != nil {
+			c.procCount = len(pids)
+		}
 		if c.podAtStart == nil {
 			c.podAtStart = pm
 		}
@@ -212,6 +229,9 @@ func mergeEvent(old, ev cri.ContainerEvent) cri.ContainerEvent {
 	if ev.SandboxID == "" {
 		ev.SandboxID = old.SandboxID
 	}
+	if ev.PID == 0 {
+		ev.PID = old.PID
+	}
 	return ev
 }
 
@@ -245,7 +265,8 @@ func (a *Agent) readCgroup(p string) *cgroup.Memory {
 	return &m
 }
 
-// readPIDs lists the processes of a cgroup read by readCgroup.
+// readPIDs lists the processes of a cgroup read by readCgroup, as cgroup.procs shows
+// them to the agent: a process outside the agent's PID namespace is listed as 0.
 func readPIDs(m *cgroup.Memory) []int {
 	if m == nil || m.Dir == "" {
 		return nil
@@ -263,9 +284,13 @@ func readPIDs(m *cgroup.Memory) []int {
 	return pids
 }
 
-// mergePIDs adds new PIDs, keeping at most 64 (a container's main process comes first).
+// mergePIDs adds new PIDs (not 0), keeping at most 64 (a container's main process
+// comes first).
 func mergePIDs(have, more []int) []int {
 	for _, p := range more {
+		if p <= 0 {
+			continue
+		}
 		found := false
 		for _, h := range have {
 			if h == p {
@@ -342,9 +367,59 @@ func (a *Agent) consumeKernel(ctx context.Context) {
 			}
 			a.mu.Lock()
 			a.kernel.add(k, a.clock.Now())
+			a.learnLocked(k)
 			a.mu.Unlock()
 			a.logger.V(2).Info("Kernel OOM kill", "pid", k.PID, "task", k.Task, "scope", k.Scope.String(),
 				"oomMemcg", k.OOMMemcg, "taskMemcg", k.TaskMemcg)
+		}
+	}
+}
+
+// learnLocked learns from a kernel kill that names one of the node's containers by its
+// cgroup (task_memcg, or a memory.oom.group kill's cgroup) how the kernel's paths relate
+// to the runtime's, for classify.TrustedPIDs and for matching paths that name only
+// levels above the pod:
+//
+//   - the host prefix: the kernel's path of the container's cgroup is the prefix
+//     followed by the runtime's path of it (cgroup.HostPrefix), "" on an ordinary node,
+//     e.g. /system.slice/docker-<nodeID>.scope on kind under Docker. The first prefix
+//     learned stays (a node does not move); a different one is logged once.
+//   - a PID mismatch: the kill's task_memcg is exactly the container's cgroup, whose
+//     last reading listed a single process (its init), and the kill's PID is not the
+//     runtime's PID of that init: the runtime numbers PIDs in a namespace of its own.
+//
+// A kill of a container the agent does not know (another node's, on a shared kernel)
+// teaches nothing. a.mu is held.
+func (a *Agent) learnLocked(k kmsg.OOMKill) {
+	for _, p := range []string{k.TaskMemcg, k.GroupMemcg} {
+		pp := cgroup.ParsePath(p)
+		if pp.ContainerID == "" {
+			continue
+		}
+		c := a.containers[pp.ContainerID]
+		if c == nil || c.cgroup == "" {
+			continue
+		}
+		prefix, ok := cgroup.HostPrefix(pp.Container, c.cgroup)
+		if !ok {
+			continue
+		}
+		switch {
+		case !a.pids.PrefixKnown:
+			a.pids.HostPrefix, a.pids.PrefixKnown = prefix, true
+			a.logger.Info("Learned how the kernel prints this node's cgroup paths", "hostPrefix", prefix,
+				"nested", prefix != "", "containerID", shortID(pp.ContainerID))
+		case prefix != a.pids.HostPrefix && !a.prefixConflict:
+			a.prefixConflict = true
+			a.logger.Info("A kernel path names one of this node's containers under another host prefix; keeping the first",
+				"hostPrefix", a.pids.HostPrefix, "seen", prefix, "containerID", shortID(pp.ContainerID))
+		}
+		if p == k.TaskMemcg && pp.Path == pp.Container && k.PID > 0 && c.runtimePID > 0 && k.PID != c.runtimePID &&
+			c.procCount == 1 && !a.pids.PIDMismatch {
+			a.pids.PIDMismatch = true
+			a.logger.Info("The kernel killed the only process of a container under another PID than the runtime's: "+
+				"the runtime's PIDs are not the kernel's; kernel lines that name only a PID are not attributed",
+				"kernelPID", k.PID, "runtimePID", c.runtimePID, "containerID", shortID(pp.ContainerID))
 		}
 	}
 }

@@ -20,6 +20,10 @@
 //     PIDs are read), OOM (containerd's /tasks/oom: counters read again) and Exited;
 //   - the kernel's OOM kills, kept for 10 minutes, matched to containers by cgroup
 //     and PID by classify.ClassifyOOM;
+//   - a mirror pod index: a static pod's containers name their pod by the kubelet's
+//     config hash (the CRI label io.kubernetes.pod.uid, the cgroup's pod<hash>), which
+//     the mirror pod carries in kubernetes.io/config.mirror; the mirror pod is the one
+//     stamped;
 //   - a work queue (client-go's delaying queue, on the agent's clock) of exits, OOM
 //     kills and pod decisions, handled by Workers goroutines;
 //   - the stamper (agent/stamper), which batches, deduplicates and writes the stamps
@@ -50,6 +54,23 @@
 // pod's own limit; a node OOM is stamped at the exit, if the container exits, since a
 // DisruptionTarget on a pod that goes on running would claim a disruption that is not
 // happening.
+//
+// # Nested nodes and shared kernels
+//
+// On kind and other nested nodes the kernel prints every cgroup path with the node
+// container's cgroup in front (agent/cgroup explains the shapes), every node on the
+// kernel sees every node's OOM kills in /dev/kmsg, and the runtime numbers PIDs in its
+// own namespace. A kernel kill is the agent's only when the cgroup it names holds one of
+// its containers' IDs (or, for a layout without IDs, its runtime path, with the host
+// prefix once known), and never when its oom_memcg cannot be above that container; the
+// pod comes from the agent's own cache of its node's pods. The host prefix is learned
+// from the first kill that names one of the node's containers (learnLocked). Kill lines
+// that name only a PID (a rate-limited report) are matched by the PIDs
+// classify.TrustedPIDs allows: the runtime's init PID of the container unless the node
+// is evidently nested (a non-empty host prefix, or a kill of a single-process container
+// under another PID than the runtime's), and the PIDs of cgroup.procs only when the
+// agent runs in the init PID namespace; on a nested node none, and the cgroup counters
+// decide.
 //
 // # Pod decisions
 //

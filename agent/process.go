@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -221,7 +220,9 @@ func (a *Agent) checkPod(ctx context.Context, ev cri.ContainerEvent) (string, er
 		return metrics.DroppedPodGone, nil
 	case err != nil:
 		return "", err
-	case string(pod.UID) != ev.PodUID:
+	case string(runtimeUID(pod)) != ev.PodUID && string(pod.UID) != ev.PodUID:
+		// Re-created under the same name (a static pod's mirror pod says its node
+		// UID in an annotation).
 		return metrics.DroppedPodGone, nil
 	case pod.Spec.NodeName != a.cfg.NodeName:
 		return metrics.DroppedOtherNode, nil
@@ -253,8 +254,9 @@ func (a *Agent) factsLocked(c *container, kind itemKind) classify.OOMFacts {
 	ev := c.ev
 	f := classify.OOMFacts{
 		Container: ev.ContainerName, ContainerID: ev.ContainerID, PodUID: ev.PodUID,
-		StartedAt: ev.StartedAt, PIDs: append([]int(nil), c.pids...), TaskOOM: len(c.ooms) > 0,
+		StartedAt: ev.StartedAt, PIDs: classify.TrustedPIDs(a.pids, c.runtimePID, c.pids), TaskOOM: len(c.ooms) > 0,
 		PodCgroup: c.podCgroup, ContainerCgroup: c.cgroup, MemoryLimit: ev.MemoryLimit,
+		KernelPrefix: a.pids.HostPrefix, PrefixKnown: a.pids.PrefixKnown,
 		Kernel: a.kernel.all(),
 	}
 	if kind == itemExit && c.exit != nil {
@@ -277,25 +279,10 @@ func (a *Agent) factsLocked(c *container, kind itemKind) classify.OOMFacts {
 	return f
 }
 
-// kernelSeen reports whether a kernel OOM kill of the container has been read.
+// kernelSeen reports whether a kernel OOM kill of the container has been read: one
+// that ClassifyOOM takes for the container's.
 func kernelSeen(f classify.OOMFacts) bool {
-	for _, k := range f.Kernel {
-		for _, p := range []string{k.TaskMemcg, k.GroupMemcg} {
-			if p == "" {
-				continue
-			}
-			if f.ContainerCgroup != "" && cgroup.Within(p, f.ContainerCgroup) {
-				return true
-			}
-			if id, ok := cgroup.ContainerIDFromPath(p); ok && id == f.ContainerID {
-				return true
-			}
-		}
-		if k.PID != 0 && slices.Contains(f.PIDs, k.PID) {
-			return true
-		}
-	}
-	return false
+	return len(classify.MatchKills(f)) > 0
 }
 
 // syncPod makes the pod-level decision (A3, A4) and schedules the next one.
@@ -305,7 +292,12 @@ func (a *Agent) syncPod(uid types.UID) {
 		return
 	}
 	now := a.clock.Now()
-	observed := a.observedStates(uid)
+	// The runtime's states are kept by the UID the runtime knows the pod by (a static
+	// pod's config hash, when uid is its mirror pod's).
+	observed := a.observedStates(runtimeUID(pod))
+	if runtimeUID(pod) != pod.UID {
+		observed = append(observed, a.observedStates(pod.UID)...)
+	}
 	d := classify.StampsForPod(pod, observed, now, a.cfg.PhaseGrace)
 	if !d.RecheckAt.IsZero() {
 		a.queue.AddAfter(item{kind: itemPod, id: string(uid)}, max(d.RecheckAt.Sub(now), 0))

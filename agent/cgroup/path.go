@@ -24,7 +24,34 @@
 //	/kubepods.slice/kubepods-pod<uid_with_underscores>.slice/crio-<containerID>.scope (Guaranteed)
 //
 // <cgroupRoot> is the kubelet's --cgroup-root (empty by default; per node in
-// the lab), so kubepods is found by name, not by position.
+// the lab), so kubepods is found by name, not by position. With the systemd
+// driver a cgroup root is a slice whose name prefixes every slice below it:
+// kind's cgroupRoot "/kubelet" gives
+//
+//	/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod<uid_with_underscores>.slice/cri-containerd-<containerID>.scope
+//
+// so a kubepods slice is "kubepods.slice" or "<anything>-kubepods.slice", and
+// the QoS and pod slices below it carry its name as their prefix.
+//
+// # Nested nodes
+//
+// The kernel prints cgroup paths from the root of its cgroup hierarchy (the
+// init cgroup namespace), whatever the namespace of the process that reads
+// them. A node that runs in a container (kind under Docker, an LXC
+// container) has its runtime in a cgroup namespace rooted at the node
+// container's cgroup, so the kernel prints a host prefix before every path
+// the runtime knows:
+//
+//	/system.slice/docker-<nodeID>.scope/kubelet.slice/kubelet-kubepods.slice/...   (Docker, systemd driver)
+//	/docker/<nodeID>/kubelet.slice/kubelet-kubepods.slice/...                      (Docker, cgroupfs driver, cgroup v1)
+//	/lxc.payload.<name>/kubepods.slice/kubepods-burstable.slice/...                (LXC)
+//
+// ParsePath reads the Kubernetes levels from the last kubepods element on,
+// so the prefix does not matter to it (and a node nested in a pod of another
+// cluster, kind in a CI pod, is read at its own kubepods). HostPrefix learns
+// the prefix from a kernel path of a cgroup whose runtime path is known, and
+// WithPrefix puts it back in front of a runtime path; paths are compared on
+// element boundaries, never as strings.
 package cgroup
 
 import (
@@ -107,8 +134,9 @@ var (
 	// UID. Static pods have a 32-hex-digit hash for UID, other pods a UUID.
 	podCgroupfs = regexp.MustCompile(`^pod([0-9a-fA-F][0-9a-fA-F-]{30,})$`)
 	// podSystemd is a pod slice of the systemd driver, with the UID's dashes
-	// escaped as underscores.
-	podSystemd = regexp.MustCompile(`^kubepods(?:-[a-z]+)?-pod([0-9a-fA-F][0-9a-fA-F_]{30,})\.slice$`)
+	// escaped as underscores, and the name of the slices above it (a cgroup
+	// root's, "kubelet-", and kubepods's) as its prefix.
+	podSystemd = regexp.MustCompile(`^(?:[^/]*-)?kubepods(?:-[a-z]+)?-pod([0-9a-fA-F][0-9a-fA-F_]{30,})\.slice$`)
 	// containerScope is a container element with a runtime prefix or suffix
 	// around a 64-hex-digit ID: "<id>", "cri-containerd-<id>.scope",
 	// "crio-<id>.scope", "docker-<id>.scope", "crio-conmon-<id>.scope".
@@ -126,10 +154,23 @@ func ParsePath(p string) Path {
 		return out
 	}
 	elems := strings.Split(clean[1:], "/")
-	prefix := ""
+	// The levels are read from the last kubepods element on: what comes
+	// before it is a cgroup root or a nested node's host prefix, which may
+	// hold a kubepods of its own (a node in a pod of another cluster).
+	start := 0
+	for i, e := range elems {
+		if kubepodsSlice(e) != "" {
+			start = i
+		}
+	}
+	prefix := "/" + strings.Join(elems[:start], "/")
+	if start == 0 {
+		prefix = ""
+	}
+	base := "" // the kubepods slice's name without ".slice": the QoS slices' prefix
 	inKubepods, afterPod := false, false
-	for _, e := range elems {
-		prefix += "/" + e
+	for _, e := range elems[start:] {
+		prefix = strings.TrimSuffix(prefix, "/") + "/" + e
 		switch {
 		case afterPod:
 			if out.Container == "" {
@@ -141,12 +182,13 @@ func ParsePath(p string) Path {
 			out.Pod, out.PodUID = prefix, uid
 			out.Systemd = out.Systemd || systemd
 			afterPod = true
-		case !inKubepods && (e == "kubepods" || e == "kubepods.slice"):
+		case !inKubepods && kubepodsSlice(e) != "":
 			out.Kubepods = prefix
-			out.Systemd = e == "kubepods.slice"
+			base = kubepodsSlice(e)
+			out.Systemd = strings.HasSuffix(e, ".slice")
 			inKubepods = true
 		case inKubepods && out.QoS == "":
-			if q := qosOf(e); q != "" {
+			if q := qosOf(e, base); q != "" {
 				out.QoS, out.QoSPath = q, prefix
 			}
 		}
@@ -166,6 +208,21 @@ func ParsePath(p string) Path {
 	return out
 }
 
+// kubepodsSlice returns the name of a kubepods element without ".slice":
+// "kubepods" for "kubepods" (cgroupfs) and "kubepods.slice", "kubelet-kubepods"
+// for "kubelet-kubepods.slice" (systemd under a cgroup root); "" for any other
+// element.
+func kubepodsSlice(e string) string {
+	if e == "kubepods" {
+		return e
+	}
+	name, ok := strings.CutSuffix(e, ".slice")
+	if ok && (name == "kubepods" || (strings.HasSuffix(name, "-kubepods") && len(name) > len("-kubepods"))) {
+		return name
+	}
+	return ""
+}
+
 func isPodElement(e string) bool {
 	return podCgroupfs.MatchString(e) || podSystemd.MatchString(e)
 }
@@ -178,12 +235,13 @@ func podUIDOf(e string) (uid string, systemd bool) {
 	return strings.ReplaceAll(m[1], "_", "-"), true
 }
 
-func qosOf(e string) string {
-	switch e {
-	case "burstable", "kubepods-burstable.slice":
-		return "burstable"
-	case "besteffort", "kubepods-besteffort.slice":
-		return "besteffort"
+// qosOf returns the QoS class of a QoS element below the kubepods element
+// named base (see kubepodsSlice): "burstable" or "<base>-burstable.slice".
+func qosOf(e, base string) string {
+	for _, q := range []string{"burstable", "besteffort"} {
+		if e == q || e == base+"-"+q+".slice" {
+			return q
+		}
 	}
 	return ""
 }
@@ -217,6 +275,35 @@ func Within(p, ancestor string) bool {
 		return true
 	}
 	return strings.HasPrefix(p, ancestor+"/")
+}
+
+// HostPrefix returns the host prefix a kernel path carries before a runtime
+// path: kernelPath with runtimePath cut off its end, on element boundaries.
+// It is "" when the two are the same cgroup (an ordinary node), e.g.
+// "/system.slice/docker-<nodeID>.scope" for kind's
+// "/system.slice/docker-<nodeID>.scope/kubelet.slice/.../cri-containerd-<id>.scope"
+// and "/kubelet.slice/.../cri-containerd-<id>.scope". ok is false when
+// kernelPath does not end with runtimePath, or runtimePath is the root (which
+// says nothing about a prefix).
+func HostPrefix(kernelPath, runtimePath string) (prefix string, ok bool) {
+	k, r := path.Clean("/"+kernelPath), path.Clean("/"+runtimePath)
+	switch {
+	case r == "/":
+		return "", false
+	case k == r:
+		return "", true
+	case strings.HasSuffix(k, r):
+		// r starts with "/", so the cut is on an element boundary: "/ax/y"
+		// does not end with "/x/y".
+		return k[:len(k)-len(r)], true
+	}
+	return "", false
+}
+
+// WithPrefix puts a host prefix (see HostPrefix) in front of a runtime path:
+// the path of the same cgroup as the kernel prints it.
+func WithPrefix(prefix, runtimePath string) string {
+	return path.Clean("/" + prefix + "/" + runtimePath)
 }
 
 // SameUID compares two pod UIDs, ignoring case and the systemd driver's

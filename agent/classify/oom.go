@@ -47,8 +47,9 @@ type OOMFacts struct {
 	Reason   string
 	// StartedAt and FinishedAt bound the container's life.
 	StartedAt, FinishedAt time.Time
-	// PIDs are host PIDs of the container's processes (at least its init
-	// process, from the runtime), to match kernel kills that name no cgroup.
+	// PIDs are PIDs of the container's processes in the kernel's numbering
+	// (the init PID namespace), to match kernel kills that name no cgroup:
+	// only those TrustedPIDs returns. Empty when none can be trusted.
 	PIDs []int
 
 	// TaskOOM reports a containerd /tasks/oom event for this container.
@@ -60,10 +61,20 @@ type OOMFacts struct {
 	// PodUID is the pod's metadata.uid.
 	PodUID string
 	// PodCgroup and ContainerCgroup are the memory cgroup paths of the pod
-	// and the container as the kernel prints them (relative to the memory
-	// hierarchy's root, e.g. /kubepods/burstable/pod<uid>/<id>).
+	// and the container as the runtime knows them (relative to the memory
+	// hierarchy's root in the runtime's cgroup namespace, e.g.
+	// /kubepods/burstable/pod<uid>/<id>); the kernel prints KernelPrefix
+	// before them.
 	PodCgroup       string
 	ContainerCgroup string
+	// KernelPrefix is the host prefix the kernel prints before the runtime's
+	// paths on a nested node (cgroup.HostPrefix, e.g.
+	// /system.slice/docker-<nodeID>.scope for kind under Docker), when
+	// PrefixKnown; "" on an ordinary node. Unknown, kernel paths are
+	// matched by the container ID and pod UID they name, and by the runtime's
+	// paths as they are.
+	KernelPrefix string
+	PrefixKnown  bool
 	// Counters is how the container cgroup's memory event counters moved
 	// over its life (cgroup.Sub of a reading at start, or zero, and one at
 	// exit); PodCounters the same for the pod's cgroup over the same time.
@@ -273,22 +284,28 @@ func atLimit(peak, limit int64) bool {
 
 // relevantKills returns the kernel kills of this container's processes:
 //
-//   - a kill that names the task's cgroup (task_memcg) is the container's
-//     when that cgroup is the container's cgroup or below it, or holds the
-//     container's ID; when the container's cgroup and ID are both unknown, it
-//     is matched by PID as below;
-//   - a kill of a memory.oom.group whose group cgroup is the container's (or
-//     below it) is the container's;
-//   - any other kill is the container's when its PID is one of PIDs and it
-//     happened during the container's life (give or take kernelSlack, when
-//     the times are known).
+//   - a kill that names a cgroup (task_memcg, or the cgroup of a
+//     memory.oom.group kill) is the container's when that cgroup is the
+//     container's cgroup or below it (the runtime's path, with the host
+//     prefix when known), or holds the container's ID; it is never matched
+//     by PID, since the cgroup it names says whose it is (on a shared kernel,
+//     kind's, another node's container may have a PID that is one of ours in
+//     another numbering). When the container's cgroup and ID are both
+//     unknown, it is matched by PID as below;
+//   - any other kill is the container's when its PID is one of PIDs (the
+//     trusted ones, see TrustedPIDs) and it happened during the container's
+//     life (give or take kernelSlack, when the times are known);
+//   - a kill whose oom_memcg cannot be an ancestor of the container's cgroup
+//     (another pod's cgroup, or with a known host prefix a cgroup that is
+//     not above the container's) is not the container's, however matched.
 func relevantKills(f OOMFacts) []kmsg.OOMKill {
 	identity := f.ContainerCgroup != "" || f.ContainerID != ""
 	mine := func(p string) bool {
 		if p == "" {
 			return false
 		}
-		if f.ContainerCgroup != "" && cgroup.Within(p, f.ContainerCgroup) {
+		if f.ContainerCgroup != "" && (cgroup.Within(p, f.ContainerCgroup) ||
+			f.PrefixKnown && cgroup.Within(p, cgroup.WithPrefix(f.KernelPrefix, f.ContainerCgroup))) {
 			return true
 		}
 		id, ok := cgroup.ContainerIDFromPath(p)
@@ -296,19 +313,47 @@ func relevantKills(f OOMFacts) []kmsg.OOMKill {
 	}
 	var out []kmsg.OOMKill
 	for _, k := range f.Kernel {
+		var ok bool
 		switch {
-		case k.TaskMemcg != "" && identity:
-			if mine(k.TaskMemcg) {
-				out = append(out, k)
-			}
-		case k.GroupMemcg != "" && mine(k.GroupMemcg):
-			out = append(out, k)
-		case k.PID != 0 && containsPID(f.PIDs, k.PID) && during(k.Time, f):
+		case (k.TaskMemcg != "" || k.GroupMemcg != "") && identity:
+			ok = mine(k.TaskMemcg) || mine(k.GroupMemcg)
+		default:
+			ok = k.PID != 0 && containsPID(f.PIDs, k.PID) && during(k.Time, f)
+		}
+		if ok && !impossibleKiller(k, f) {
 			out = append(out, k)
 		}
 	}
 	return out
 }
+
+// impossibleKiller reports a kill whose oom_memcg cannot have killed a process
+// of this container: the OOM killer of a memory cgroup kills only in that
+// cgroup's subtree, so its oom_memcg is the container's cgroup or an ancestor.
+// A pod cgroup of another pod, or, with the host prefix known and the
+// container's cgroup known, a cgroup that is not an ancestor of the kernel's
+// path of the container's cgroup, is impossible.
+func impossibleKiller(k kmsg.OOMKill, f OOMFacts) bool {
+	if k.OOMMemcg == "" {
+		return false
+	}
+	p := cgroup.ParsePath(k.OOMMemcg)
+	podUID := firstNonEmpty(f.PodUID, cgroup.ParsePath(f.PodCgroup).PodUID, cgroup.ParsePath(f.ContainerCgroup).PodUID)
+	if p.PodUID != "" && podUID != "" && !cgroup.SameUID(p.PodUID, podUID) {
+		return true
+	}
+	if len(p.ContainerID) == 64 && f.ContainerID != "" && !sameContainerID(p.ContainerID, f.ContainerID) {
+		return true
+	}
+	if f.PrefixKnown && f.ContainerCgroup != "" {
+		return !cgroup.Within(cgroup.WithPrefix(f.KernelPrefix, f.ContainerCgroup), k.OOMMemcg)
+	}
+	return false
+}
+
+// MatchKills returns the kernel kills ClassifyOOM takes for the container's
+// (see relevantKills): the agent waits for one before classifying.
+func MatchKills(f OOMFacts) []kmsg.OOMKill { return relevantKills(f) }
 
 // sameContainerID compares full or abbreviated (at least 12 digits)
 // container IDs.
@@ -372,7 +417,8 @@ func placeOf(k kmsg.OOMKill, f OOMFacts, podUID string) place {
 		return inPod
 	case p.PodUID != "":
 		return otherPod
-	case f.PodCgroup != "" && cgroup.Within(k.OOMMemcg, f.PodCgroup):
+	case f.PodCgroup != "" && (cgroup.Within(k.OOMMemcg, f.PodCgroup) ||
+		f.PrefixKnown && cgroup.Within(k.OOMMemcg, cgroup.WithPrefix(f.KernelPrefix, f.PodCgroup))):
 		return inPod // a layout without pod<uid> elements
 	}
 	return abovePod

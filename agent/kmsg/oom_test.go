@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,6 +111,9 @@ func assemble(t *testing.T, file string) []OOMKill {
 	var out []OOMKill
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "#") {
+			continue // a comment of the test data (source, provenance)
+		}
 		if r, ok := ParseLine(sc.Text()); ok {
 			out = append(out, a.Add(r)...)
 		}
