@@ -10,7 +10,7 @@ PKGS_UNIT := ./cmd/... ./conditions/... ./shim/... ./agent/... ./cri/...
 PKGS_INTEGRATION := ./test/...
 MAINS    := coroner-shim coroner-agent coronerctl
 
-.PHONY: all build tools lint test test-unit test-integration fuzz bench bench-agent bench-shim bench-nodeloss lab lab-down lab-status test-lab e2e e2e-kind clean help FORCE
+.PHONY: all deps build tools lint test test-unit test-integration fuzz bench bench-agent bench-shim bench-nodeloss lab lab-down lab-status test-lab e2e e2e-kind clean help FORCE
 
 all: build lint test
 
@@ -21,7 +21,10 @@ build: ## build coroner-shim, coroner-agent and coronerctl into _output/bin
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(MAINS))
 
-tools: ## build Kubernetes v1.36.3 and etcd from their Go modules into _output/bin (skips what is built)
+deps: ## install the Debian packages the build, tests and lab need, when missing (root; says what it installs)
+	test/tools/deps.sh
+
+tools: deps ## build Kubernetes v1.36.3, etcd, containerd 2.x and runc from their Go modules into _output/bin (skips what is built)
 	test/tools/build.sh
 
 lint: ## gofmt and go vet
@@ -68,7 +71,7 @@ $(LAB): FORCE
 	@mkdir -p $(BIN)
 	$(GO) build -o $(LAB) ./cmd/coroner-lab
 
-lab: $(LAB) ## local 3-node lab (real kubelets + containerd in netns, no Docker), coroner deployed, a demo Job explained (root)
+lab: deps build $(LAB) ## local 3-node lab (real kubelets, containerd 2.x and 1.6 in netns, no Docker), coroner deployed, a demo Job explained (root)
 	$(ROOT_CHECK)
 	$(LAB) up
 

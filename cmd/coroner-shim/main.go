@@ -13,7 +13,8 @@ import (
 )
 
 const summary = `coroner-shim: a Job controller for batch/v1 Jobs whose spec.managedBy is coroner.dev/shim
-(pod failure policy, backoffLimitPerIndex, podReplacementPolicy; zombie recovery is not built yet).`
+(pod failure policy, backoffLimitPerIndex, podReplacementPolicy), and the recovery of opted-in
+pods stuck on unreachable, fenced or missing nodes (see --zombie-threshold, --fence-margin).`
 
 func main() {
 	opts := shim.NewOptions()

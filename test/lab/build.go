@@ -14,12 +14,16 @@ import (
 // kubeTools are the binaries test/tools/build.sh builds that the lab runs.
 var kubeTools = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"}
 
+// runtimeTools are the container runtime builds of test/tools: containerd 2.x and runc,
+// into BinDir/containerd2.
+var runtimeTools = []string{"containerd2", "runc"}
+
 // build builds what is missing: the Kubernetes binaries (test/tools/build.sh skips what is
 // up to date), coroner-agent and coroner-shim as static binaries, and the images.
 func (c Config) build(ctx context.Context, say func(string, ...any)) ([]images.Image, error) {
 	if !c.SkipBuild {
 		lw := &lineWriter{say: say}
-		cmd := exec.CommandContext(ctx, filepath.Join(c.Root, "test", "tools", "build.sh"), kubeTools...)
+		cmd := exec.CommandContext(ctx, filepath.Join(c.Root, "test", "tools", "build.sh"), append(kubeTools, runtimeTools...)...)
 		cmd.Dir = c.Root
 		cmd.Env = append(os.Environ(), "CORONER_BIN_DIR="+c.BinDir)
 		cmd.Stdout, cmd.Stderr = lw, lw
@@ -45,6 +49,12 @@ func (c Config) build(ctx context.Context, say func(string, ...any)) ([]images.I
 	for _, t := range kubeTools {
 		if _, err := os.Stat(c.bin(t)); err != nil {
 			return nil, fmt.Errorf("%s missing in %s: run `make tools`", t, c.shortPath(c.BinDir))
+		}
+	}
+
+	for _, n := range c.Nodes {
+		if _, err := c.runtime(n); err != nil {
+			return nil, err
 		}
 	}
 

@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/coroner-dev/coroner/test/containerd"
 )
 
 func TestNodes(t *testing.T) {
@@ -22,6 +24,9 @@ func TestNodes(t *testing.T) {
 		exp := []string{w.name, w.netns, w.veth, w.ip, w.cidr, w.gw, w.socket}
 		if strings.Join(got, " ") != strings.Join(exp, " ") {
 			t.Errorf("node %d: %v, want %v", i+1, got, exp)
+		}
+		if wantRT := map[int]string{1: RuntimeContainerd2, 2: RuntimeContainerd16, 3: RuntimeContainerd2}[i+1]; n.Runtime != wantRT {
+			t.Errorf("node %d runs %s, want %s", i+1, n.Runtime, wantRT)
 		}
 		if len(n.HostVeth) > 15 {
 			t.Errorf("interface name %s longer than IFNAMSIZ-1", n.HostVeth)
@@ -71,16 +76,36 @@ func TestNodeConfigs(t *testing.T) {
 		t.Errorf("CNI config %+v", cni)
 	}
 
-	ctrd := cfg.containerdConfig(n)
-	for _, want := range []string{
-		`address = "/run/coroner-lab/lab-node-2/containerd.sock"`,
-		`restrict_oom_score_adj = true`,
-		`SystemdCgroup = false`,
-		`sandbox_image = "registry.k8s.io/pause:coroner"`,
-		`conf_dir = "/repo/_output/lab/nodes/lab-node-2/cni"`,
+	for _, tc := range []struct {
+		rt   containerd.Runtime
+		want []string
+	}{
+		{containerd.Runtime{Major: 1, Runc: "/usr/sbin/runc"}, []string{
+			`version = 2`,
+			`sandbox_image = "registry.k8s.io/pause:coroner"`,
+			`bin_dir = "/usr/lib/cni"`,
+			`BinaryName = "/usr/sbin/runc"`,
+		}},
+		{containerd.Runtime{Major: 2, Shim: "/b/containerd-shim-runc-v2", Runc: "/b/runc"}, []string{
+			`version = 3`,
+			`[plugins."io.containerd.cri.v1.images".pinned_images]`,
+			`sandbox = "registry.k8s.io/pause:coroner"`,
+			`runtime_path = "/b/containerd-shim-runc-v2"`,
+			`BinaryName = "/b/runc"`,
+			`bin_dirs = ["/usr/lib/cni"]`,
+			`"io.containerd.nri.v1.nri"`,
+		}},
 	} {
-		if !strings.Contains(ctrd, want) {
-			t.Errorf("containerd config lacks %s", want)
+		ctrd := cfg.containerdConfig(n, tc.rt)
+		for _, want := range append([]string{
+			`address = "/run/coroner-lab/lab-node-2/containerd.sock"`,
+			`restrict_oom_score_adj = true`,
+			`SystemdCgroup = false`,
+			`conf_dir = "/repo/_output/lab/nodes/lab-node-2/cni"`,
+		}, tc.want...) {
+			if !strings.Contains(ctrd, want) {
+				t.Errorf("containerd %d.x config lacks %s", tc.rt.Major, want)
+			}
 		}
 	}
 }

@@ -70,7 +70,18 @@ type Node struct {
 	HostVeth string // crlab-1, the host end of the veth pair; the node end is eth0
 	IP       net.IP // 10.77.0.11
 	PodCIDR  *net.IPNet
+	// Runtime is the node's container runtime: RuntimeContainerd2 or RuntimeContainerd16.
+	Runtime string
 }
+
+// The lab's container runtimes. The nodes mix them, so that every e2e run exercises both
+// ways the agent learns of container exits: containerd 2.x (built from its module by
+// test/tools, with runc 1.5) serves CRI GetContainerEvents (the agent's events mode);
+// Debian's containerd 1.6 (runc 1.1) does not (the agent relists every second).
+const (
+	RuntimeContainerd2  = "containerd-2"
+	RuntimeContainerd16 = "containerd-1.6"
+)
 
 // NetnsPath is the node's network namespace file.
 func (n Node) NetnsPath() string { return "/run/netns/" + n.Netns }
@@ -88,7 +99,8 @@ func (n Node) gateway() net.IP {
 	return net.IPv4(ip[0], ip[1], ip[2], 1)
 }
 
-// Nodes returns the lab's nodes: lab-node-1 .. lab-node-<count>.
+// Nodes returns the lab's nodes: lab-node-1 .. lab-node-<count>, lab-node-2 on containerd
+// 1.6 and the others on containerd 2.x.
 func Nodes(count int) []Node {
 	nodes := make([]Node, count)
 	for i := range nodes {
@@ -101,6 +113,11 @@ func Nodes(count int) []Node {
 			HostVeth: fmt.Sprintf("%s%d", VethPrefix, idx),
 			IP:       net.IPv4(10, 77, 0, byte(10+idx)),
 			PodCIDR:  cidr,
+			Runtime:  RuntimeContainerd2,
+		}
+		if idx == 2 {
+			// lab-node-2 (the e2e suite's node-OOM node) runs Debian's 1.6.
+			nodes[i].Runtime = RuntimeContainerd16
 		}
 	}
 	return nodes

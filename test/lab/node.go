@@ -20,6 +20,17 @@ import (
 	"github.com/coroner-dev/coroner/test/images"
 )
 
+// runtime is the containerd build of the node: Debian's 1.6, or the 2.x test/tools built.
+func (c Config) runtime(n Node) (containerd.Runtime, error) {
+	switch n.Runtime {
+	case RuntimeContainerd16:
+		return containerd.Debian()
+	case RuntimeContainerd2, "":
+		return containerd.Built(c.BinDir)
+	}
+	return containerd.Runtime{}, fmt.Errorf("%s: unknown runtime %q (want %s or %s)", n.Name, n.Runtime, RuntimeContainerd2, RuntimeContainerd16)
+}
+
 // prepareNode makes the node's directories, cgroup and configuration files.
 func (c Config) prepareNode(st *State, n Node, p *clusterPKI) error {
 	dir, run := c.nodeDir(n), c.nodeRunDir(n)
@@ -34,8 +45,12 @@ func (c Config) prepareNode(st *State, n Node, p *clusterPKI) error {
 	if err := host.CreateCgroup(n.Cgroup()); err != nil {
 		return fmt.Errorf("cgroup %s: %w", n.Cgroup(), err)
 	}
+	rt, err := c.runtime(n)
+	if err != nil {
+		return err
+	}
 	files := map[string]string{
-		filepath.Join(dir, "containerd.toml"):                c.containerdConfig(n),
+		filepath.Join(dir, "containerd.toml"):                c.containerdConfig(n, rt),
 		filepath.Join(dir, "cni", "10-coroner-lab.conflist"): cniConfig(n, filepath.Join(dir, "ipam")),
 		filepath.Join(dir, "kubelet.yaml"):                   c.kubeletConfig(n, p),
 	}
@@ -49,9 +64,10 @@ func (c Config) prepareNode(st *State, n Node, p *clusterPKI) error {
 
 // containerdConfig is the node's containerd config.toml (test/containerd's, with the
 // node's own directories and CNI configuration).
-func (c Config) containerdConfig(n Node) string {
+func (c Config) containerdConfig(n Node, rt containerd.Runtime) string {
 	dir, run := c.nodeDir(n), c.nodeRunDir(n)
 	return containerd.ConfigTOML(containerd.ConfigDirs{
+		Runtime:  rt,
 		Root:     filepath.Join(dir, "containerd"),
 		State:    filepath.Join(run, "state"),
 		Socket:   n.Socket(),
@@ -142,7 +158,11 @@ registerNode: true
 // its CRI plugin reports the runtime and the network ready.
 func (c Config) startContainerd(ctx context.Context, st *State, n Node) error {
 	name := "containerd-" + n.Name
-	p, err := startDaemon(name, "containerd", []string{"--config", filepath.Join(c.nodeDir(n), "containerd.toml")}, c.logPath(name), n.NetnsPath())
+	rt, err := c.runtime(n)
+	if err != nil {
+		return err
+	}
+	p, err := startDaemon(name, rt.Containerd, []string{"--config", filepath.Join(c.nodeDir(n), "containerd.toml")}, c.logPath(name), n.NetnsPath())
 	if err != nil {
 		return err
 	}
@@ -177,8 +197,12 @@ func (c Config) startContainerd(ctx context.Context, st *State, n Node) error {
 // CRI plugin sees every one (it learns of imports from events; a kubelet asking earlier
 // would try to pull).
 func (c Config) importImages(ctx context.Context, n Node, imgs []images.Image) error {
+	rt, err := c.runtime(n)
+	if err != nil {
+		return err
+	}
 	for _, img := range imgs {
-		if err := images.Import(ctx, "ctr", n.Socket(), img.Tarball); err != nil {
+		if err := images.Import(ctx, rt.Ctr, n.Socket(), img.Tarball); err != nil {
 			return err
 		}
 	}

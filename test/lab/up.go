@@ -251,7 +251,8 @@ func (c Config) startNodes(ctx context.Context, st *State, p *clusterPKI, imgs [
 		if err := c.importImages(ctx, n, imgs); err != nil {
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}
-		say("%s: containerd ready in %s at %s, %d images imported in %s", n.Name, seconds(ready), n.Socket(), len(imgs), seconds(time.Since(start)-ready))
+		rt, _ := c.runtime(n) // resolved by build already
+		say("%s: containerd %s ready in %s at %s, %d images imported in %s", n.Name, rt.Version, seconds(ready), n.Socket(), len(imgs), seconds(time.Since(start)-ready))
 		return nil
 	})
 	if err != nil {
@@ -327,7 +328,7 @@ func (c Config) preflight(say func(string, ...any)) error {
 	if len(sock) > 107 {
 		return fmt.Errorf("the repository path is too long for the kubelet's unix sockets (%s is %d bytes, at most 107): use a clone at a shorter path", sock, len(sock))
 	}
-	say("root, containerd %s, runc, CNI plugins, busybox; ports 127.0.0.1:%d,%d,%d,%d and %s:%d free; %s unused",
+	say("root, Debian's containerd %s, runc, CNI plugins, busybox; ports 127.0.0.1:%d,%d,%d,%d and %s:%d free; %s unused",
 		containerdVersion(), EtcdClientPort, EtcdPeerPort, KCMPort, SchedulerPort, APIServerIP, APIServerPort, LabCIDR)
 	return nil
 }
