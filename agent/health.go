@@ -8,9 +8,10 @@ import (
 	"github.com/coroner-dev/coroner/cri"
 )
 
-// RuntimeHealth is the agent's health: nil while the container runtime answers, else an
-// error that says why not (the Source's LastError when it has one, as cri.Watcher does:
-// "socket ... does not exist: is the container runtime running?").
+// RuntimeHealth is the agent's readiness (/readyz): nil while the container runtime
+// answers, else an error that says why not (the Source's LastError when it has one, as
+// cri.Watcher does: "socket ... does not exist: is the container runtime running?", or
+// with discovery "no container runtime found: tried ...").
 func RuntimeHealth(src cri.Source) error {
 	if src.Connected() {
 		return nil
@@ -23,8 +24,14 @@ func RuntimeHealth(src cri.Source) error {
 	return errors.New("container runtime not connected (yet)")
 }
 
-// HealthHandler serves /healthz: 200 "ok" while check returns nil, else 503 with the
-// reason.
+// Alive is the /healthz (liveness) check: the agent runs and answers. It does not depend
+// on the container runtime: the agent reconnects to it (or keeps looking for it) by
+// itself, and a kubelet restarting the agent in a loop would fix nothing and bury the
+// reason; /readyz (RuntimeHealth) says why the runtime is not usable.
+func Alive() error { return nil }
+
+// HealthHandler serves a health check (/healthz, /readyz): 200 "ok" while check returns
+// nil, else 503 with the reason.
 func HealthHandler(check func() error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if err := check(); err != nil {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/coroner-dev/coroner/cri"
 )
 
 // Options are the settings of coroner-agent, filled from flags.
@@ -17,6 +19,7 @@ type Options struct {
 	Kubeconfig          string
 	NodeName            string
 	RuntimeEndpoint     string
+	RuntimeHostPrefix   string
 	ContainerdNamespace string
 	ContainerdEvents    bool
 	RelistPeriod        time.Duration
@@ -41,7 +44,7 @@ func NewOptions() *Options {
 		ns = "coroner-system"
 	}
 	return &Options{
-		RuntimeEndpoint:     "unix:///run/containerd/containerd.sock",
+		RuntimeEndpoint:     cri.EndpointAuto,
 		ContainerdNamespace: "k8s.io",
 		ContainerdEvents:    true,
 		RelistPeriod:        time.Second,
@@ -63,7 +66,8 @@ func NewOptions() *Options {
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig file; empty means the in-cluster config (service account), then $KUBECONFIG.")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "This node's name; default $NODE_NAME, else the hostname.")
-	fs.StringVar(&o.RuntimeEndpoint, "runtime-endpoint", o.RuntimeEndpoint, "CRI endpoint of the container runtime (unix:// socket).")
+	fs.StringVar(&o.RuntimeEndpoint, "runtime-endpoint", o.RuntimeEndpoint, "CRI endpoint of the container runtime (unix:///path/to/socket); \"auto\" (or empty): the first of "+strings.Join(cri.DefaultSockets, ", ")+" (under --runtime-host-prefix) that answers CRI, retried until one does.")
+	fs.StringVar(&o.RuntimeHostPrefix, "runtime-host-prefix", o.RuntimeHostPrefix, "With --runtime-endpoint=auto: where the host's socket directories are mounted in the agent's container, prepended to every candidate (e.g. /host when the host's /run is mounted at /host/run); empty: at their own paths.")
 	fs.StringVar(&o.ContainerdNamespace, "containerd-namespace", o.ContainerdNamespace, "containerd namespace of the kubelet's containers, for containerd's event stream.")
 	fs.BoolVar(&o.ContainerdEvents, "containerd-events", o.ContainerdEvents, "Where the runtime is containerd, also follow its event service (task exits and OOM kills) on the same socket: exits are seen in tens of milliseconds instead of up to a relist period.")
 	fs.DurationVar(&o.RelistPeriod, "relist-period", o.RelistPeriod, "How often to relist containers when the runtime has no GetContainerEvents stream.")
@@ -101,8 +105,17 @@ func (o *Options) Validate() error {
 	if msgs := validation.IsDNS1123Subdomain(o.NodeName); len(msgs) > 0 {
 		errs = append(errs, fmt.Errorf("node name %q: %s", o.NodeName, strings.Join(msgs, "; ")))
 	}
-	if u, err := url.Parse(o.RuntimeEndpoint); err != nil || u.Scheme != "unix" || u.Path == "" {
-		errs = append(errs, fmt.Errorf("--runtime-endpoint=%q: want unix:///path/to/socket", o.RuntimeEndpoint))
+	if cri.IsAuto(o.RuntimeEndpoint) {
+		if o.RuntimeHostPrefix != "" && !strings.HasPrefix(o.RuntimeHostPrefix, "/") {
+			errs = append(errs, fmt.Errorf("--runtime-host-prefix=%q: want an absolute path (or empty)", o.RuntimeHostPrefix))
+		}
+	} else {
+		if u, err := url.Parse(o.RuntimeEndpoint); err != nil || u.Scheme != "unix" || u.Path == "" {
+			errs = append(errs, fmt.Errorf("--runtime-endpoint=%q: want unix:///path/to/socket, or auto", o.RuntimeEndpoint))
+		}
+		if o.RuntimeHostPrefix != "" {
+			errs = append(errs, fmt.Errorf("--runtime-host-prefix=%q applies to --runtime-endpoint=auto only; give the explicit endpoint's path as the agent sees it", o.RuntimeHostPrefix))
+		}
 	}
 	if o.ContainerdNamespace == "" {
 		errs = append(errs, errors.New("--containerd-namespace must not be empty"))

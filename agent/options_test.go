@@ -14,7 +14,8 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 		env          string // NODE_NAME
 		podNS        string // POD_NAMESPACE
 		wantNodeName string
-		wantLeaseNS  string // when set
+		wantLeaseNS  string  // when set
+		wantEndpoint *string // when set
 		wantErr      []string
 	}{
 		{name: "flag wins over env", args: []string{"--node-name=node-a"}, env: "node-b", wantNodeName: "node-a"},
@@ -34,6 +35,12 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 		{name: "cgroup reading and kernel log off", args: []string{"--node-name=n", "--cgroup-root=", "--kmsg-path="}, wantNodeName: "n"},
 		{name: "relative kmsg path", args: []string{"--node-name=n", "--kmsg-path=kmsg"}, wantErr: []string{"--kmsg-path"}},
 		{name: "batch period too short", args: []string{"--node-name=n", "--stamp-batch-period=1ms"}, wantErr: []string{"--stamp-batch-period"}},
+		{name: "runtime discovery by default", args: []string{"--node-name=n"}, wantNodeName: "n", wantEndpoint: ptr("auto")},
+		{name: "runtime discovery when empty", args: []string{"--node-name=n", "--runtime-endpoint="}, wantNodeName: "n", wantEndpoint: ptr("")},
+		{name: "runtime discovery under a host prefix", args: []string{"--node-name=n", "--runtime-endpoint=auto", "--runtime-host-prefix=/host"}, wantNodeName: "n", wantEndpoint: ptr("auto")},
+		{name: "explicit runtime endpoint", args: []string{"--node-name=n", "--runtime-endpoint=unix:///run/crio/crio.sock"}, wantNodeName: "n", wantEndpoint: ptr("unix:///run/crio/crio.sock")},
+		{name: "relative host prefix", args: []string{"--node-name=n", "--runtime-host-prefix=host"}, wantErr: []string{"--runtime-host-prefix"}},
+		{name: "host prefix with an explicit endpoint", args: []string{"--node-name=n", "--runtime-endpoint=unix:///run/x.sock", "--runtime-host-prefix=/host"}, wantErr: []string{"--runtime-host-prefix", "auto only"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -55,6 +62,9 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 				}
 				if o.NodeName != tc.wantNodeName {
 					t.Errorf("node name = %q, want %q", o.NodeName, tc.wantNodeName)
+				}
+				if tc.wantEndpoint != nil && o.RuntimeEndpoint != *tc.wantEndpoint {
+					t.Errorf("runtime endpoint = %q, want %q", o.RuntimeEndpoint, *tc.wantEndpoint)
 				}
 				if tc.wantLeaseNS != "" && o.LeaseNamespace != tc.wantLeaseNS {
 					t.Errorf("lease namespace = %q, want %q", o.LeaseNamespace, tc.wantLeaseNS)

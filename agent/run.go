@@ -34,21 +34,26 @@ const (
 )
 
 // Run runs coroner-agent until ctx is done: the Agent on the runtime at
-// opts.RuntimeEndpoint (cri.Watcher), the kernel log at opts.KmsgPath, and /metrics and
-// /healthz on opts.MetricsAddress ("0": off). opts must be valid (Validate).
+// opts.RuntimeEndpoint, or the one found among cri.DefaultSockets (under
+// opts.RuntimeHostPrefix) when it is "auto" or empty (cri.Watcher), the kernel log at
+// opts.KmsgPath, and /metrics, /healthz and /readyz on opts.MetricsAddress ("0": off).
+// opts must be valid (Validate).
 //
 // Without opts.Fencing it fails at once, with an error that says so, when the API server
 // cannot be reached at start; with it, it starts anyway (below). It fails at once when the
 // metrics address cannot be bound. A container runtime that is not there (no socket, not
-// a CRI runtime) is not an error: the agent keeps running and reconnecting, /healthz
-// answers 503 with the reason and the log says why, so that a runtime started after the
-// agent, or restarted, is picked up. A kernel log it cannot read (no CAP_SYSLOG) is
+// a CRI runtime, none found) is not an error: the agent keeps running and reconnecting
+// (or looking), /readyz answers 503 with the reason (naming every socket tried), the log
+// says why once (again only when the reason changes, or after cri.Options'
+// ErrorLogInterval), and /healthz (liveness) stays ok, so that the kubelet does not
+// restart the agent in a loop; a runtime started after the agent, or restarted, is
+// picked up. A kernel log it cannot read (no CAP_SYSLOG) is
 // logged, and OOM kills are then classified without the kernel's reports.
 //
 // With opts.Fencing (A6) the agent also renews its Lease coroner-agent-<node> in
 // opts.LeaseNamespace and, when no renewal has succeeded for opts.FenceAfter, stops the
 // containers of its node's opted-in pods over CRI (cri.RuntimeClient, a connection of its
-// own to opts.RuntimeEndpoint) until one does: see agent/fence. The Lease has an API
+// own to the watcher's runtime, the discovered one with "auto") until one does: see agent/fence. The Lease has an API
 // client of its own (LeaseClientQPS), so that pod writes never hold up a renewal. Without
 // it there is no Lease and nothing is ever stopped.
 //
@@ -89,6 +94,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 
 	watcher := cri.New(cri.Options{
 		Endpoint:            opts.RuntimeEndpoint,
+		HostPrefix:          opts.RuntimeHostPrefix,
 		ContainerdNamespace: opts.ContainerdNamespace,
 		NoContainerdEvents:  !opts.ContainerdEvents,
 		RelistPeriod:        opts.RelistPeriod,
@@ -112,7 +118,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 
 	var fencing *fence.Config
 	if opts.Fencing {
-		rt, err := cri.NewRuntimeClient(opts.RuntimeEndpoint)
+		rt, err := watcher.RuntimeClient()
 		if err != nil {
 			return err
 		}
@@ -149,7 +155,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	if opts.MetricsAddress != "0" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.Handle("/healthz", HealthHandler(a.Healthy))
+		reg.MustRegister(watcher.Collector(metrics.Namespace, metrics.Subsystem))
+		mux.Handle("/healthz", HealthHandler(Alive))
+		mux.Handle("/readyz", HealthHandler(a.Healthy))
 		s, err := serve(ctx, opts.MetricsAddress, mux)
 		if err != nil {
 			return err
@@ -202,11 +210,11 @@ func startKernelLog(ctx context.Context, path string) (chan kmsg.OOMKill, error)
 func serve(ctx context.Context, addr string, mux http.Handler) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("serving /metrics and /healthz: %w", err)
+		return nil, fmt.Errorf("serving /metrics, /healthz and /readyz: %w", err)
 	}
 	s := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	logger := klog.FromContext(ctx)
-	logger.Info("Serving /metrics and /healthz", "address", ln.Addr().String())
+	logger.Info("Serving /metrics, /healthz and /readyz", "address", ln.Addr().String())
 	go func() {
 		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error(err, "HTTP server stopped")

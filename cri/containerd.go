@@ -7,6 +7,7 @@ import (
 
 	eventtypes "github.com/containerd/containerd/api/events"
 	eventsapi "github.com/containerd/containerd/api/services/events/v1"
+	"github.com/containerd/containerd/api/types"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -29,6 +30,10 @@ const (
 	exitRetryInterval = 20 * time.Millisecond
 )
 
+// maxExitWaiters bounds the task exits waited for at once (exitSoon); beyond it, an exit
+// is left to a relist, requested at once.
+const maxExitWaiters = 32
+
 // containerdEvents follows containerd's event service on the runtime's socket until ctx
 // is done, resubscribing with backoff when the stream breaks.
 func (s *session) containerdEvents(ctx context.Context, conn *grpc.ClientConn) {
@@ -37,9 +42,7 @@ func (s *session) containerdEvents(ctx context.Context, conn *grpc.ClientConn) {
 	backoff := w.opts.Backoff
 	for ctx.Err() == nil {
 		err := s.subscribe(ctx, client)
-		w.mu.Lock()
-		w.stats.ContainerdEvents = false
-		w.mu.Unlock()
+		w.updateStats(func(st *Stats) { st.ContainerdEvents = false })
 		if ctx.Err() != nil {
 			return
 		}
@@ -58,44 +61,94 @@ func (s *session) containerdEvents(ctx context.Context, conn *grpc.ClientConn) {
 }
 
 // subscribe reads task exit and OOM events of the kubelet's namespace until the stream
-// breaks.
+// breaks. A goroutine receives into a bounded queue and never waits for the watcher:
+// containerd's exchange gives each subscriber an unbounded queue
+// (core/events/exchange/exchange.go, goevents.NewQueue, v2.3.4 and v1.7.34), so a
+// subscriber that does not read costs containerd memory. This goroutine handles them;
+// when the queue overflowed, the dropped events are replaced by a relist (which finds
+// the exits; an OOM event of a container that keeps running is lost, and counted).
 func (s *session) subscribe(ctx context.Context, client eventsapi.EventsClient) error {
-	ns := s.w.opts.ContainerdNamespace
-	stream, err := client.Subscribe(ctx, &eventsapi.SubscribeRequest{Filters: []string{
+	w := s.w
+	ns := w.opts.ContainerdNamespace
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := client.Subscribe(sctx, &eventsapi.SubscribeRequest{Filters: []string{
 		fmt.Sprintf(`topic==%q,namespace==%q`, topicTaskExit, ns),
 		fmt.Sprintf(`topic==%q,namespace==%q`, topicTaskOOM, ns),
 	}})
 	if err != nil {
 		return err
 	}
-	s.w.mu.Lock()
-	s.w.stats.ContainerdEvents = true
-	s.w.mu.Unlock()
+	w.updateStats(func(st *Stats) { st.ContainerdEvents = true })
+	q := newStreamQueue[*types.Envelope](w.opts.StreamBuffer)
+	go func() {
+		for {
+			env, err := stream.Recv()
+			if err != nil {
+				q.close(err)
+				return
+			}
+			if dropped, overflowed := q.push(env); dropped {
+				w.updateStats(func(st *Stats) {
+					st.ContainerdDropped++
+					if overflowed {
+						st.ContainerdOverflows++
+					}
+				})
+			}
+		}
+	}()
+	waiters := make(chan struct{}, maxExitWaiters)
 	for {
-		env, err := stream.Recv()
-		if err != nil {
-			return err
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-q.ready:
 		}
-		switch env.GetTopic() {
-		case topicTaskExit:
-			var e eventtypes.TaskExit
-			if err := anypb.UnmarshalTo(env.GetEvent(), &e, proto.UnmarshalOptions{}); err != nil {
-				s.logger.Error(err, "Undecodable containerd event", "topic", env.GetTopic(), "type", env.GetEvent().GetTypeUrl())
-				continue
-			}
-			if e.GetID() != e.GetContainerID() {
-				continue // an exec'd process, not the container's
-			}
-			id := e.GetContainerID()
-			s.spawn(func() { s.exitSoon(ctx, id) })
-		case topicTaskOOM:
-			var e eventtypes.TaskOOM
-			if err := anypb.UnmarshalTo(env.GetEvent(), &e, proto.UnmarshalOptions{}); err != nil {
-				s.logger.Error(err, "Undecodable containerd event", "topic", env.GetTopic(), "type", env.GetEvent().GetTypeUrl())
-				continue
-			}
-			s.oom(ctx, e.GetContainerID(), env.GetTimestamp().AsTime())
+		envs, overflow, dropped, ended, end := q.take()
+		if overflow {
+			s.logger.V(1).Info("containerd events came faster than they were handled; dropped some and relisting", "dropped", dropped)
+			s.requestRelist()
 		}
+		for _, env := range envs {
+			s.handleEnvelope(ctx, env, waiters)
+		}
+		if ended {
+			return end
+		}
+	}
+}
+
+// handleEnvelope handles one containerd event: a task exit is waited for in a goroutine
+// of its own (at most maxExitWaiters at once; beyond, a relist finds it), an OOM at once.
+func (s *session) handleEnvelope(ctx context.Context, env *types.Envelope, waiters chan struct{}) {
+	switch env.GetTopic() {
+	case topicTaskExit:
+		var e eventtypes.TaskExit
+		if err := anypb.UnmarshalTo(env.GetEvent(), &e, proto.UnmarshalOptions{}); err != nil {
+			s.logger.Error(err, "Undecodable containerd event", "topic", env.GetTopic(), "type", env.GetEvent().GetTypeUrl())
+			return
+		}
+		if e.GetID() != e.GetContainerID() {
+			return // an exec'd process, not the container's
+		}
+		id := e.GetContainerID()
+		select {
+		case waiters <- struct{}{}:
+			s.spawn(func() {
+				defer func() { <-waiters }()
+				s.exitSoon(ctx, id)
+			})
+		default:
+			s.requestRelist()
+		}
+	case topicTaskOOM:
+		var e eventtypes.TaskOOM
+		if err := anypb.UnmarshalTo(env.GetEvent(), &e, proto.UnmarshalOptions{}); err != nil {
+			s.logger.Error(err, "Undecodable containerd event", "topic", env.GetTopic(), "type", env.GetEvent().GetTypeUrl())
+			return
+		}
+		s.oom(ctx, e.GetContainerID(), env.GetTimestamp().AsTime())
 	}
 }
 

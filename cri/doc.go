@@ -23,9 +23,22 @@
 //
 // # Where events come from
 //
-//   - CRI GetContainerEvents, a stream, where the runtime has it (containerd 1.7+ with
-//     the evented PLEG, CRI-O). A full relist still runs every ResyncPeriod to catch
-//     anything the stream missed.
+//   - CRI GetContainerEvents, a stream, where the runtime has it (containerd 2.x, CRI-O
+//     with enable_pod_events). A full relist still runs every ResyncPeriod to catch
+//     anything the stream missed. Not subscribed to on containerd before 2.0 (or of a
+//     version that cannot be read): 1.7 has one channel for all subscribers, so a second
+//     one would take events from the kubelet, and it hands a new subscriber stale events
+//     (streamVerdict). A stream that ends (io.EOF) before any event or within
+//     StreamGrace of opening (CRI-O with its pod events off, the default) means relisting
+//     for the session, connected and healthy; one that ends after working is a lost
+//     connection (reconnect, relist), and after maxShortStreams of those in a row the
+//     Watcher relists for good. Events created before the subscription (less
+//     StaleTolerance) are ignored and counted (Stats.StaleEvents).
+//   - The streams are read into bounded queues (StreamBuffer) by goroutines that never
+//     wait, so the runtime's publishing is never held back by a slow consumer
+//     (containerd 2.x publishes to each subscriber with a blocking send); on overflow
+//     events are dropped, counted (Stats.StreamOverflows, ContainerdOverflows) and a
+//     relist follows, which finds every exit again.
 //   - Otherwise a relist every RelistPeriod (1 s): ListContainers, then ContainerStatus for
 //     each container whose state changed. containerd 1.6 answers GetContainerEvents with
 //     Unimplemented, so this is the path on the lab's nodes.
@@ -42,6 +55,13 @@
 //     messages (TaskExit, TaskOOM); the api module brings 8 (ttrpc, typeurl, log, logrus,
 //     gogo/protobuf, image-spec, go-digest and itself). The Any payloads are decoded with
 //     anypb against the api module's registered types, so typeurl is not called.
+//
+// # Finding the runtime
+//
+// With Endpoint "" or EndpointAuto, each connection attempt tries DefaultSockets (under
+// HostPrefix) in order and keeps the first that answers CRI Version for the Watcher's
+// life; none gives one error naming every path tried (LastError). Repeated identical
+// connection errors are logged once per ErrorLogInterval.
 //
 // # Guarantees
 //

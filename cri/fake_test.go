@@ -29,26 +29,50 @@ import (
 type fakeRuntime struct {
 	runtimeapi.UnimplementedRuntimeServiceServer
 
-	name   string // Version's RuntimeName
-	stream bool   // serve GetContainerEvents
+	name    string // Version's RuntimeName
+	version string // Version's RuntimeVersion; default "1.0"
+	stream  bool   // serve GetContainerEvents
+	// endAtOnce: GetContainerEvents returns nil at once (the client sees io.EOF), as
+	// CRI-O does with enable_pod_events = false, its default (server/container_events.go,
+	// v1.36).
+	endAtOnce bool
+	// backlog is sent first to every new subscriber: events from before it subscribed,
+	// as containerd 1.7's shared channel of 1000 (pkg/cri/server/helpers.go, v1.7.34) and
+	// containerd 2.x's queue of events nobody received (internal/eventq, v2.3.4) hand out.
+	backlog []*runtimeapi.ContainerEventResponse
+	// crioInfo: the verbose info has CRI-O's shape (server/container_status.go, v1.36).
+	crioInfo bool
 
-	mu         sync.Mutex
-	containers map[string]*runtimeapi.ContainerStatus
-	sandboxes  map[string]string
-	listCalls  int
+	mu            sync.Mutex
+	containers    map[string]*runtimeapi.ContainerStatus
+	sandboxes     map[string]string
+	pids          map[string]int // verbose "pid"; 42 when not set
+	listCalls     int
+	subscriptions int // GetContainerEvents calls
+	sent          int // stream events sent (Send returned)
 
 	criEvents  chan *runtimeapi.ContainerEventResponse
+	endStream  chan struct{} // a value ends the open stream with io.EOF
 	subscribed chan struct{} // a GetContainerEvents stream is open
 }
 
 func newFakeRuntime(name string, stream bool) *fakeRuntime {
 	return &fakeRuntime{
-		name: name, stream: stream,
+		name: name, version: "1.0", stream: stream,
 		containers: map[string]*runtimeapi.ContainerStatus{},
 		sandboxes:  map[string]string{},
+		pids:       map[string]int{},
 		criEvents:  make(chan *runtimeapi.ContainerEventResponse, 16),
-		subscribed: make(chan struct{}, 16),
+		endStream:  make(chan struct{}),
+		subscribed: make(chan struct{}, 64),
 	}
+}
+
+// counts returns the number of GetContainerEvents calls and of events sent.
+func (f *fakeRuntime) counts() (subscriptions, sent int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.subscriptions, f.sent
 }
 
 // labels are the kubelet's labels for container name of pod ns/pod.
@@ -96,7 +120,7 @@ func (f *fakeRuntime) lists() int {
 }
 
 func (f *fakeRuntime) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
-	return &runtimeapi.VersionResponse{Version: "0.1.0", RuntimeName: f.name, RuntimeVersion: "1.0", RuntimeApiVersion: "v1"}, nil
+	return &runtimeapi.VersionResponse{Version: "0.1.0", RuntimeName: f.name, RuntimeVersion: f.version, RuntimeApiVersion: "v1"}, nil
 }
 
 func (f *fakeRuntime) ListContainers(context.Context, *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
@@ -123,10 +147,21 @@ func (f *fakeRuntime) ContainerStatus(_ context.Context, r *runtimeapi.Container
 	}
 	resp := &runtimeapi.ContainerStatusResponse{Status: proto.Clone(st).(*runtimeapi.ContainerStatus)}
 	if r.Verbose {
-		// The shape of containerd 1.6's verbose info.
-		resp.Info = map[string]string{"info": fmt.Sprintf(
-			`{"sandboxID":%q,"pid":42,"runtimeSpec":{"linux":{"resources":{"memory":{"limit":20971520}},"cgroupsPath":"/kubepods/burstable/pod%s/%s"}}}`,
-			f.sandboxes[r.ContainerId], st.Labels[LabelPodUID], r.ContainerId)}
+		pid, ok := f.pids[r.ContainerId]
+		if !ok {
+			pid = 42
+		}
+		if f.crioInfo {
+			// CRI-O's containerInfo: sandboxID, pid, runtimeSpec, privileged.
+			resp.Info = map[string]string{"info": fmt.Sprintf(
+				`{"sandboxID":%q,"pid":%d,"runtimeSpec":{"ociVersion":"1.2.0","linux":{"resources":{"memory":{"limit":20971520}},"cgroupsPath":"kubepods-burstable-pod%s.slice:crio:%s"}},"privileged":false}`,
+				f.sandboxes[r.ContainerId], pid, st.Labels[LabelPodUID], r.ContainerId)}
+		} else {
+			// The shape of containerd 1.6's verbose info.
+			resp.Info = map[string]string{"info": fmt.Sprintf(
+				`{"sandboxID":%q,"pid":%d,"runtimeSpec":{"linux":{"resources":{"memory":{"limit":20971520}},"cgroupsPath":"/kubepods/burstable/pod%s/%s"}}}`,
+				f.sandboxes[r.ContainerId], pid, st.Labels[LabelPodUID], r.ContainerId)}
+		}
 	}
 	return resp, nil
 }
@@ -135,13 +170,39 @@ func (f *fakeRuntime) GetContainerEvents(_ *runtimeapi.GetEventsRequest, s grpc.
 	if !f.stream {
 		return status.Error(codes.Unimplemented, "method GetContainerEvents not implemented")
 	}
-	f.subscribed <- struct{}{}
+	f.mu.Lock()
+	f.subscriptions++
+	backlog := f.backlog
+	f.mu.Unlock()
+	select {
+	case f.subscribed <- struct{}{}:
+	default:
+	}
+	if f.endAtOnce {
+		return nil
+	}
+	send := func(ev *runtimeapi.ContainerEventResponse) error {
+		if err := s.Send(ev); err != nil {
+			return err
+		}
+		f.mu.Lock()
+		f.sent++
+		f.mu.Unlock()
+		return nil
+	}
+	for _, ev := range backlog {
+		if err := send(ev); err != nil {
+			return err
+		}
+	}
 	for {
 		select {
 		case <-s.Context().Done():
 			return nil
+		case <-f.endStream:
+			return nil
 		case ev := <-f.criEvents:
-			if err := s.Send(ev); err != nil {
+			if err := send(ev); err != nil {
 				return err
 			}
 		}
@@ -153,6 +214,15 @@ type fakeEvents struct {
 	eventsapi.UnimplementedEventsServer
 	envelopes  chan *types.Envelope
 	subscribed chan []string // the filters of each subscription
+
+	mu   sync.Mutex
+	sent int // envelopes sent (Send returned)
+}
+
+func (f *fakeEvents) sentCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sent
 }
 
 func newFakeEvents() *fakeEvents {
@@ -169,6 +239,9 @@ func (f *fakeEvents) Subscribe(r *eventsapi.SubscribeRequest, s eventsapi.Events
 			if err := s.Send(env); err != nil {
 				return err
 			}
+			f.mu.Lock()
+			f.sent++
+			f.mu.Unlock()
 		}
 	}
 }
@@ -176,13 +249,19 @@ func (f *fakeEvents) Subscribe(r *eventsapi.SubscribeRequest, s eventsapi.Events
 // push sends a containerd event of topic with payload msg.
 func (f *fakeEvents) push(t *testing.T, topic string, msg proto.Message, at time.Time) {
 	t.Helper()
+	f.envelopes <- envelope(t, topic, msg, at)
+}
+
+// envelope wraps a containerd event as containerd's event service sends it.
+func envelope(t *testing.T, topic string, msg proto.Message, at time.Time) *types.Envelope {
+	t.Helper()
 	a, err := anypb.New(msg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// containerd names types without the type.googleapis.com/ prefix.
 	a.TypeUrl = string(msg.ProtoReflect().Descriptor().FullName())
-	f.envelopes <- &types.Envelope{Timestamp: timestamppb.New(at), Namespace: "k8s.io", Topic: topic, Event: a}
+	return &types.Envelope{Timestamp: timestamppb.New(at), Namespace: "k8s.io", Topic: topic, Event: a}
 }
 
 // fakeServer serves a fakeRuntime (and optionally fakeEvents) on a unix socket.
@@ -220,7 +299,9 @@ func (s *fakeServer) stop() { s.srv.Stop() }
 func testWatcher(t *testing.T, path string, opts Options) (*Watcher, <-chan ContainerEvent, *testingclock.FakeClock) {
 	t.Helper()
 	clk := testingclock.NewFakeClock(time.Unix(1000, 0))
-	opts.Endpoint = "unix://" + path
+	if opts.Endpoint == "" {
+		opts.Endpoint = "unix://" + path
+	}
 	opts.Clock = clk
 	w := New(opts)
 	_, ctx := ktesting.NewTestContext(t)

@@ -2,6 +2,7 @@ package cri
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -64,13 +65,40 @@ func NewRuntimeClient(endpoint string) (*RuntimeClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newRuntimeClient(endpoint, func() (string, error) { return path, nil })
+}
+
+// RuntimeClient returns a client of the Watcher's runtime, with a connection of its own:
+// at the configured endpoint, or, with discovery, at the socket the Watcher found (calls
+// fail while it has found none).
+func (w *Watcher) RuntimeClient() (*RuntimeClient, error) {
+	if w.endpointErr != nil {
+		return nil, w.endpointErr
+	}
+	name := w.opts.Endpoint
+	if IsAuto(name) {
+		name = EndpointAuto
+	}
+	return newRuntimeClient(name, func() (string, error) {
+		if p := w.socket(); p != "" {
+			return p, nil
+		}
+		return "", errors.New("no container runtime found yet")
+	})
+}
+
+func newRuntimeClient(endpoint string, path func() (string, error)) (*RuntimeClient, error) {
 	bc := backoff.DefaultConfig
 	bc.MaxDelay = 5 * time.Second
 	conn, err := grpc.NewClient("passthrough:///cri",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			p, err := path()
+			if err != nil {
+				return nil, err
+			}
 			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
+			return d.DialContext(ctx, "unix", p)
 		}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bc, MinConnectTimeout: 5 * time.Second}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),

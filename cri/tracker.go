@@ -178,8 +178,9 @@ func (t *tracker) exitEmitted(id string) bool {
 func (t *tracker) known(id string) bool { return t.containers[id] != nil }
 
 // mergeIdentity copies what a status says about who the container is into ev, keeping
-// the cgroup path and limit already known when this status does not have them (stream
-// events carry no verbose info).
+// the cgroup path, limit and PID already known when this status does not have them
+// (stream events carry no verbose info; a verbose status may say pid 0 once the task is
+// gone).
 func mergeIdentity(ev *ContainerEvent, st *runtimeapi.ContainerStatus, info map[string]string) {
 	l := st.GetLabels()
 	ev.PodNamespace, ev.PodName, ev.PodUID = l[LabelPodNamespace], l[LabelPodName], l[LabelPodUID]
@@ -196,6 +197,9 @@ func mergeIdentity(ev *ContainerEvent, st *runtimeapi.ContainerStatus, info map[
 	if ev.SandboxID == "" {
 		ev.SandboxID = spec.sandboxID
 	}
+	if spec.pid > 0 {
+		ev.PID = spec.pid
+	}
 	if m := st.GetResources().GetLinux().GetMemoryLimitInBytes(); m > 0 {
 		ev.MemoryLimit = m
 	} else if spec.memoryLimit > 0 {
@@ -208,10 +212,18 @@ type verboseInfo struct {
 	cgroupPath  string
 	memoryLimit int64
 	sandboxID   string
+	pid         int
 }
 
 // parseInfo reads the "info" entry of a verbose ContainerStatus: a JSON object with the
-// container's OCI runtime spec in containerd (1.6 and later) and CRI-O alike.
+// container's OCI runtime spec in containerd (1.6 and later) and CRI-O alike, and the
+// container's init PID under the same key "pid" in both:
+//   - containerd: ContainerInfo{SandboxID `json:"sandboxID"`, Pid uint32 `json:"pid"`,
+//     ..., RuntimeSpec `json:"runtimeSpec"`} in pkg/cri/server/container_status.go
+//     (v1.6, v1.7.34) and internal/cri/server/container_status.go (v2.3.4);
+//   - CRI-O: containerInfo{SandboxID `json:"sandboxID"`, Pid int `json:"pid"`,
+//     RuntimeSpec `json:"runtimeSpec"`, Privileged `json:"privileged"`} in
+//     server/container_status.go (v1.36), marshalled into info["info"] as well.
 func parseInfo(info map[string]string) verboseInfo {
 	raw := info["info"]
 	if raw == "" {
@@ -219,6 +231,7 @@ func parseInfo(info map[string]string) verboseInfo {
 	}
 	var v struct {
 		SandboxID   string `json:"sandboxID"`
+		PID         int64  `json:"pid"`
 		RuntimeSpec struct {
 			Linux struct {
 				CgroupsPath string `json:"cgroupsPath"`
@@ -237,6 +250,7 @@ func parseInfo(info map[string]string) verboseInfo {
 		cgroupPath:  v.RuntimeSpec.Linux.CgroupsPath,
 		memoryLimit: v.RuntimeSpec.Linux.Resources.Memory.Limit,
 		sandboxID:   v.SandboxID,
+		pid:         int(max(v.PID, 0)),
 	}
 }
 

@@ -150,11 +150,36 @@ func TestParseInfoAndLimits(t *testing.T) {
 		resources *runtimeapi.ContainerResources
 		wantPath  string
 		wantLimit int64
+		wantPID   int
 	}{
 		{
 			name:     "containerd 1.6 verbose info",
 			info:     map[string]string{"info": `{"sandboxID":"s","pid":7,"runtimeSpec":{"ociVersion":"1.0.2-dev","linux":{"resources":{"memory":{"limit":20971520,"swap":20971520}},"cgroupsPath":"/coroner/pod1/c"}}}`},
-			wantPath: "/coroner/pod1/c", wantLimit: 20 << 20,
+			wantPath: "/coroner/pod1/c", wantLimit: 20 << 20, wantPID: 7,
+		},
+		{
+			// containerd v1.7.34 pkg/cri/server/container_status.go and v2.3.4
+			// internal/cri/server/container_status.go: ContainerInfo, Pid uint32 `json:"pid"`.
+			name:     "containerd 2.x verbose info",
+			info:     map[string]string{"info": `{"sandboxID":"s","pid":4242,"removing":false,"snapshotKey":"c","snapshotter":"overlayfs","runtimeType":"io.containerd.runc.v2","runtimeOptions":{"systemd_cgroup":true},"config":{"metadata":{"name":"app"}},"runtimeSpec":{"linux":{"resources":{"memory":{"limit":1048576}},"cgroupsPath":"kubepods-pod1.slice:cri-containerd:c"}}}`},
+			wantPath: "kubepods-pod1.slice:cri-containerd:c", wantLimit: 1 << 20, wantPID: 4242,
+		},
+		{
+			// CRI-O v1.36 server/container_status.go: containerInfo{SandboxID, Pid int
+			// `json:"pid"`, RuntimeSpec, Privileged}, returned as {"info": <json>}.
+			name:     "CRI-O verbose info",
+			info:     map[string]string{"info": `{"sandboxID":"s","pid":31337,"runtimeSpec":{"ociVersion":"1.2.0","linux":{"resources":{"memory":{"limit":2097152}},"cgroupsPath":"kubepods-burstable-pod1.slice:crio:c"}},"privileged":false}`},
+			wantPath: "kubepods-burstable-pod1.slice:crio:c", wantLimit: 2 << 20, wantPID: 31337,
+		},
+		{
+			// CRI-O with checkpoint/restore on embeds two structs: still top-level "pid".
+			name:    "CRI-O verbose info with checkpoint fields",
+			info:    map[string]string{"info": `{"sandboxID":"s","pid":9,"runtimeSpec":{},"privileged":true,"checkpointedAt":"0001-01-01T00:00:00Z","restored":false}`},
+			wantPID: 9,
+		},
+		{
+			name: "an exited container: pid 0 is unknown",
+			info: map[string]string{"info": `{"sandboxID":"s","pid":0,"runtimeSpec":{}}`},
 		},
 		{
 			name:     "systemd driver: the path as reported",
@@ -175,9 +200,33 @@ func TestParseInfoAndLimits(t *testing.T) {
 			st.Resources = tc.resources
 			var ev ContainerEvent
 			mergeIdentity(&ev, st, tc.info)
-			if ev.CgroupPath != tc.wantPath || ev.MemoryLimit != tc.wantLimit {
-				t.Errorf("cgroup %q limit %d, want %q %d", ev.CgroupPath, ev.MemoryLimit, tc.wantPath, tc.wantLimit)
+			if ev.CgroupPath != tc.wantPath || ev.MemoryLimit != tc.wantLimit || ev.PID != tc.wantPID {
+				t.Errorf("cgroup %q limit %d pid %d, want %q %d %d", ev.CgroupPath, ev.MemoryLimit, ev.PID, tc.wantPath, tc.wantLimit, tc.wantPID)
 			}
 		})
+	}
+}
+
+// TestTrackerKeepsLastKnownPID: a stop event of the CRI stream carries statuses without
+// verbose info, and a verbose status of an exited container may say pid 0; the exit still
+// names the PID the container ran as.
+func TestTrackerKeepsLastKnownPID(t *testing.T) {
+	tr := newTracker()
+	now := time.Unix(1000, 0)
+	ev, ok := tr.observe(ctrStatus("c", running, 0), map[string]string{"info": `{"pid":77}`}, "s", SourceRelist, now)
+	if !ok || ev.PID != 77 {
+		t.Fatalf("Started %+v, want pid 77", ev)
+	}
+	ev, ok = tr.observe(ctrStatus("c", exited, 1), nil, "s", SourceCRIEvents, now)
+	if !ok || ev.Kind != Exited || ev.PID != 77 {
+		t.Errorf("Exited from a stream event %+v, want the last known pid 77", ev)
+	}
+	tr2 := newTracker()
+	tr2.observe(ctrStatus("d", running, 0), map[string]string{"info": `{"pid":78}`}, "s", SourceRelist, now)
+	if ev, _ := tr2.observe(ctrStatus("d", exited, 1), map[string]string{"info": `{"pid":0}`}, "s", SourceRelist, now); ev.PID != 78 {
+		t.Errorf("Exited with verbose pid 0: pid %d, want 78", ev.PID)
+	}
+	if ev, _ := tr2.oom("d", now, now); ev.PID != 78 {
+		t.Errorf("OOM pid %d, want 78", ev.PID)
 	}
 }

@@ -2,18 +2,16 @@ package cri
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"net"
+	"io"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -22,8 +20,14 @@ import (
 
 // Options configure a Watcher. Zero fields take the defaults.
 type Options struct {
-	// Endpoint is the runtime's CRI socket, unix:///path (or a bare /path).
+	// Endpoint is the runtime's CRI socket, unix:///path (or a bare /path); "" or
+	// EndpointAuto: the first of Sockets that exists and answers CRI Version.
 	Endpoint string
+	// Sockets are the candidates of discovery, in order; default DefaultSockets.
+	Sockets []string
+	// HostPrefix is prepended to every candidate of discovery: where the host's
+	// directories are mounted when not at their own paths (e.g. /host); default none.
+	HostPrefix string
 	// ContainerdNamespace is the containerd namespace of the kubelet's containers, for
 	// containerd's event service; default "k8s.io".
 	ContainerdNamespace string
@@ -43,11 +47,28 @@ type Options struct {
 	CallTimeout time.Duration
 	// Buffer is the capacity of the events channel; default 256.
 	Buffer int
+	// StreamBuffer is how many received events (of the CRI stream, and of containerd's
+	// event service) wait for the watcher before more are dropped and a relist replaces
+	// them; default 1024. The streams are never made to wait.
+	StreamBuffer int
+	// StreamGrace: a GetContainerEvents stream that ends (io.EOF) before any event or
+	// within StreamGrace of its opening is taken for a runtime that does not stream
+	// (CRI-O with its pod events off); default 2s.
+	StreamGrace time.Duration
+	// StaleTolerance: CRI events created more than this before the subscription are
+	// stale (replayed from before it) and ignored; default 1s.
+	StaleTolerance time.Duration
+	// ErrorLogInterval: the same connection error is logged again only after this long
+	// (with how often it repeated meanwhile); default 5m.
+	ErrorLogInterval time.Duration
 	// Clock times relists, backoff and retries; default the real clock.
 	Clock clock.WithTicker
 }
 
 func (o *Options) complete() {
+	if len(o.Sockets) == 0 {
+		o.Sockets = DefaultSockets
+	}
 	if o.ContainerdNamespace == "" {
 		o.ContainerdNamespace = "k8s.io"
 	}
@@ -69,10 +90,27 @@ func (o *Options) complete() {
 	if o.Buffer <= 0 {
 		o.Buffer = 256
 	}
+	if o.StreamBuffer <= 0 {
+		o.StreamBuffer = 1024
+	}
+	if o.StreamGrace <= 0 {
+		o.StreamGrace = 2 * time.Second
+	}
+	if o.StaleTolerance <= 0 {
+		o.StaleTolerance = time.Second
+	}
+	if o.ErrorLogInterval <= 0 {
+		o.ErrorLogInterval = 5 * time.Minute
+	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
 }
+
+// maxShortStreams: after this many GetContainerEvents streams in a row that ended
+// (io.EOF) within ResyncPeriod of their opening, the Watcher stops subscribing and
+// relists for the rest of its life.
+const maxShortStreams = 3
 
 // Mode is how a Watcher learns about CRI container changes.
 type Mode string
@@ -90,31 +128,57 @@ const (
 type Stats struct {
 	Connected bool
 	Mode      Mode
+	// Endpoint is the runtime's CRI endpoint, configured or discovered ("" while none
+	// is found).
+	Endpoint string
 	// Runtime is the runtime's name and version from CRI Version, e.g.
 	// "containerd 1.6.20~ds1"; ContainerdEvents whether containerd's event service is
 	// subscribed.
 	Runtime          string
 	ContainerdEvents bool
+	// NoStream says why the GetContainerEvents stream is not used ("" when it is, or
+	// before the first connection): the runtime answers Unimplemented, ends the stream
+	// at once, or is a containerd before 2.0.
+	NoStream string
 	// Connects counts successful connections (the first and every reconnect).
 	Connects uint64
 	// Relists counts completed relists.
 	Relists uint64
 	// IgnoredContainers counts distinct containers without the kubelet's labels.
 	IgnoredContainers uint64
+	// StaleEvents counts CRI events created before the subscription (replayed by the
+	// runtime from before it), ignored.
+	StaleEvents uint64
+	// StreamOverflows counts the times the CRI event stream delivered faster than the
+	// watcher handled it (the consumer or the runtime's answers were slow) and events were
+	// dropped, each answered with a relist; StreamDropped counts the dropped events.
+	StreamOverflows, StreamDropped uint64
+	// ContainerdOverflows and ContainerdDropped are the same for containerd's event
+	// service. A dropped task exit is found again by the relist; a dropped OOM event of a
+	// container that keeps running is lost.
+	ContainerdOverflows, ContainerdDropped uint64
 	// Emitted counts events by kind.
 	Emitted map[Kind]uint64
 }
 
 // Watcher is the CRI (and containerd) implementation of Source.
 type Watcher struct {
-	opts       Options
-	socketPath string
-	endpointOK error
+	opts        Options
+	endpointErr error
 
-	mu      sync.Mutex // guards tracker and stats, and serialises sends on out
+	sockMu     sync.Mutex
+	socketPath string // configured, or found by discovery; "" before
+
+	mu      sync.Mutex // guards tracker and serialises sends on out
 	tracker *tracker
+
+	statsMu sync.Mutex // guards stats and lastErr; never held while waiting
 	stats   Stats
 	lastErr error
+
+	// shortStreams counts GetContainerEvents streams in a row that ended soon after
+	// they opened; only the run goroutine uses it.
+	shortStreams int
 
 	connected atomic.Bool
 	out       chan ContainerEvent
@@ -131,7 +195,9 @@ func New(opts Options) *Watcher {
 	opts.complete()
 	w := &Watcher{opts: opts, tracker: newTracker(), out: make(chan ContainerEvent, opts.Buffer)}
 	w.stats.Emitted = map[Kind]uint64{}
-	w.socketPath, w.endpointOK = socketPath(opts.Endpoint)
+	if !IsAuto(opts.Endpoint) {
+		w.socketPath, w.endpointErr = socketPath(opts.Endpoint)
+	}
 	return w
 }
 
@@ -152,23 +218,30 @@ func (w *Watcher) Connected() bool { return w.connected.Load() }
 
 // LastError says why the Watcher is not connected (nil when it is).
 func (w *Watcher) LastError() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.statsMu.Lock()
+	defer w.statsMu.Unlock()
 	return w.lastErr
 }
 
-// Stats returns a snapshot of the counters.
+// Stats returns a snapshot of the counters. It does not wait for a stalled consumer.
 func (w *Watcher) Stats() Stats {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.statsMu.Lock()
+	defer w.statsMu.Unlock()
 	s := w.stats
 	s.Connected = w.connected.Load()
-	s.IgnoredContainers = w.tracker.ignoredTotal
+	s.Endpoint = w.Endpoint()
 	s.Emitted = make(map[Kind]uint64, len(w.stats.Emitted))
 	for k, v := range w.stats.Emitted {
 		s.Emitted[k] = v
 	}
 	return s
+}
+
+// updateStats changes the stats under their lock.
+func (w *Watcher) updateStats(f func(*Stats)) {
+	w.statsMu.Lock()
+	f(&w.stats)
+	w.statsMu.Unlock()
 }
 
 // Events starts the watcher; see Source. It panics when called twice.
@@ -185,10 +258,13 @@ func (w *Watcher) Events(ctx context.Context) <-chan ContainerEvent {
 }
 
 // run connects, watches until the connection breaks, and reconnects with backoff, until
-// ctx is done.
+// ctx is done. The same error is logged once per ErrorLogInterval, not on every retry.
 func (w *Watcher) run(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithName("cri")
 	backoff := w.opts.Backoff
+	var lastLogged string
+	var loggedAt time.Time
+	var repeats int
 	for ctx.Err() == nil {
 		wasConnected, err := w.session(ctx, logger)
 		w.connected.Store(false)
@@ -197,13 +273,21 @@ func (w *Watcher) run(ctx context.Context) {
 		}
 		if wasConnected {
 			backoff = w.opts.Backoff
+			lastLogged = "" // a new failure after a connection is news
 		}
-		w.mu.Lock()
+		w.statsMu.Lock()
 		w.lastErr = err
 		w.stats.Mode = ModeNone
 		w.stats.ContainerdEvents = false
-		w.mu.Unlock()
-		logger.Error(err, "Container runtime not usable; retrying", "endpoint", w.opts.Endpoint, "retryIn", backoff)
+		w.statsMu.Unlock()
+		now := w.opts.Clock.Now()
+		if msg := err.Error(); msg != lastLogged || now.Sub(loggedAt) >= w.opts.ErrorLogInterval {
+			logger.Error(err, "Container runtime not usable; retrying", "endpoint", w.endpointName(), "retryIn", backoff, "repeatedSinceLastLog", repeats)
+			lastLogged, loggedAt, repeats = msg, now, 0
+		} else {
+			repeats++
+			logger.V(4).Info("Container runtime still not usable; retrying", "err", err, "retryIn", backoff)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -213,59 +297,55 @@ func (w *Watcher) run(ctx context.Context) {
 	}
 }
 
+// endpointName is the endpoint for logs: the configured one, or "auto" and what
+// discovery found.
+func (w *Watcher) endpointName() string {
+	if IsAuto(w.opts.Endpoint) {
+		if e := w.Endpoint(); e != "" {
+			return "auto: " + e
+		}
+		return EndpointAuto
+	}
+	return w.opts.Endpoint
+}
+
 // session is one connection to the runtime: check that it serves CRI, relist, then follow
 // the event stream or relist periodically until a call fails. It reports whether it got
 // connected, and why it ended.
 func (w *Watcher) session(ctx context.Context, logger klog.Logger) (bool, error) {
-	if w.endpointOK != nil {
-		return false, w.endpointOK
-	}
-	if _, err := os.Stat(w.socketPath); err != nil {
-		return false, fmt.Errorf("CRI endpoint %s: socket %s does not exist: is the container runtime running? (%v)", w.opts.Endpoint, w.socketPath, err)
-	}
-	conn, err := grpc.NewClient("passthrough:///cri",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", w.socketPath)
-		}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
-	)
+	c, err := w.connect(ctx)
 	if err != nil {
-		return false, fmt.Errorf("CRI endpoint %s: %w", w.opts.Endpoint, err)
+		return false, err
 	}
-	defer conn.Close()
-	rt := runtimeapi.NewRuntimeServiceClient(conn)
-
-	vctx, cancel := context.WithTimeout(ctx, w.opts.CallTimeout)
-	v, err := rt.Version(vctx, &runtimeapi.VersionRequest{})
-	cancel()
-	if err != nil {
-		if status.Code(err) == codes.Unimplemented {
-			return false, fmt.Errorf("CRI endpoint %s does not serve the CRI v1 RuntimeService (Version: %s): not a CRI runtime, or one too old for CRI v1", w.opts.Endpoint, status.Convert(err).Message())
-		}
-		return false, fmt.Errorf("CRI endpoint %s: Version: %w", w.opts.Endpoint, err)
-	}
+	defer c.cc.Close()
+	v := c.version
 	runtime := v.GetRuntimeName() + " " + v.GetRuntimeVersion()
 	w.connected.Store(true)
-	w.mu.Lock()
+	w.statsMu.Lock()
 	w.lastErr = nil
 	w.stats.Connects++
 	w.stats.Runtime = runtime
-	w.mu.Unlock()
-	logger.Info("Connected to the container runtime", "endpoint", w.opts.Endpoint, "runtime", runtime, "criVersion", v.GetRuntimeApiVersion())
+	w.statsMu.Unlock()
+	logger.Info("Connected to the container runtime", "endpoint", c.endpoint, "runtime", runtime, "criVersion", v.GetRuntimeApiVersion())
 
 	sctx, cancelSession := context.WithCancel(ctx)
-	s := &session{w: w, rt: rt, logger: logger}
+	s := &session{w: w, rt: c.rt, logger: logger, relistNow: make(chan struct{}, 1)}
 	if v.GetRuntimeName() == "containerd" && !w.opts.NoContainerdEvents {
-		s.spawn(func() { s.containerdEvents(sctx, conn) })
+		s.spawn(func() { s.containerdEvents(sctx, c.cc) })
 	}
-	err = s.watch(sctx)
+	useStream, why := streamVerdict(v.GetRuntimeName(), v.GetRuntimeVersion())
+	if useStream && w.shortStreams >= maxShortStreams {
+		useStream, why = false, fmt.Sprintf("the runtime ended its last %d GetContainerEvents streams soon after they opened", w.shortStreams)
+	}
+	if !useStream {
+		logger.Info("Not subscribing to CRI GetContainerEvents; relisting", "why", why, "period", w.opts.RelistPeriod)
+	}
+	err = s.watch(sctx, useStream, why)
 	// Nothing of this session may emit after it (Events closes the channel after the last
 	// session).
 	cancelSession()
 	s.wg.Wait()
-	return true, fmt.Errorf("CRI endpoint %s: connection lost: %w", w.opts.Endpoint, err)
+	return true, fmt.Errorf("CRI endpoint %s: connection lost: %w", c.endpoint, err)
 }
 
 // session is the state of one connection.
@@ -274,6 +354,9 @@ type session struct {
 	rt     runtimeapi.RuntimeServiceClient
 	logger klog.Logger
 	wg     sync.WaitGroup // goroutines that may emit
+	// relistNow asks the session's loop for a relist at once (containerd's event queue
+	// overflowed, or too many task exits are being waited for).
+	relistNow chan struct{}
 }
 
 // spawn runs f in a goroutine the session waits for before it ends.
@@ -285,48 +368,77 @@ func (s *session) spawn(f func()) {
 	}()
 }
 
-// watch opens the GetContainerEvents stream (before the first relist, so nothing falls
-// between them), relists, then follows the stream or, where the runtime answers
-// Unimplemented, relists every RelistPeriod.
-func (s *session) watch(ctx context.Context) error {
+// requestRelist asks the session's loop for a relist; it never blocks.
+func (s *session) requestRelist() {
+	select {
+	case s.relistNow <- struct{}{}:
+	default:
+	}
+}
+
+// errStreamEnded: the runtime ended the GetContainerEvents stream (io.EOF) after it had
+// worked for a while.
+var errStreamEnded = errors.New("the runtime ended the GetContainerEvents stream")
+
+// watch opens the GetContainerEvents stream when useStream (before the first relist, so
+// nothing falls between them), relists, then follows the stream or relists every
+// RelistPeriod: without the stream, when the runtime answers Unimplemented, or when it
+// ends the stream at once (CRI-O with its pod events off). The stream is read by a
+// goroutine of its own into a bounded queue, so that the runtime never waits for the
+// watcher.
+func (s *session) watch(ctx context.Context, useStream bool, why string) error {
 	w := s.w
-	type recv struct {
-		ev  *runtimeapi.ContainerEventResponse
-		err error
-	}
-	stream, err := s.rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
-	var events chan recv
-	if err == nil {
-		events = make(chan recv, 64)
-		go func() {
-			for {
-				ev, err := stream.Recv()
-				select {
-				case events <- recv{ev, err}:
-				case <-ctx.Done():
-					return
+	clk := w.opts.Clock
+	var q *streamQueue[*runtimeapi.ContainerEventResponse]
+	var opened time.Time
+	if useStream {
+		// Events created before this moment (less a tolerance) are stale: containerd 1.7
+		// keeps events in its shared channel of 1000 whether anyone listens or not
+		// (pkg/cri/server/helpers.go, v1.7.34), and containerd 2.x replays to a new
+		// subscriber what it queued while nobody listened, for up to 5 minutes
+		// (internal/eventq/eventq.go, v2.3.4). The relist below covers them.
+		opened = clk.Now()
+		stream, err := s.rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+		switch {
+		case err == nil:
+			q = newStreamQueue[*runtimeapi.ContainerEventResponse](w.opts.StreamBuffer)
+			go func() {
+				for {
+					ev, err := stream.Recv()
+					if err != nil {
+						q.close(err)
+						return
+					}
+					if dropped, overflowed := q.push(ev); dropped {
+						w.updateStats(func(st *Stats) {
+							st.StreamDropped++
+							if overflowed {
+								st.StreamOverflows++
+							}
+						})
+					}
 				}
-				if err != nil {
-					return
-				}
-			}
-		}()
-	} else if status.Code(err) != codes.Unimplemented {
-		return fmt.Errorf("GetContainerEvents: %w", err)
+			}()
+		case status.Code(err) == codes.Unimplemented:
+			why = "the runtime has no GetContainerEvents (Unimplemented)"
+		default:
+			return fmt.Errorf("GetContainerEvents: %w", err)
+		}
 	}
+	staleBefore := opened.Add(-w.opts.StaleTolerance).UnixNano()
 
 	if err := s.relist(ctx); err != nil {
 		return err
 	}
 	mode := ModeRelist
-	if events != nil {
-		// Optimistic: a runtime without the stream answers Unimplemented at once.
-		mode = ModeEvents
+	if q != nil {
+		// Optimistic: a runtime without the stream answers Unimplemented, or ends it, at
+		// once.
+		mode, why = ModeEvents, ""
 	}
-	s.setMode(mode)
+	s.setMode(mode, why)
 
 	// The next relist is due a period after the last one; stream events do not move it.
-	clk := w.opts.Clock
 	period := func() time.Duration {
 		if mode == ModeEvents {
 			return w.opts.ResyncPeriod
@@ -336,48 +448,91 @@ func (s *session) watch(ctx context.Context) error {
 	lastRelist := clk.Now()
 	timer := clk.NewTimer(period())
 	defer func() { timer.Stop() }()
+	relist := func() error {
+		if err := s.relist(ctx); err != nil {
+			return err
+		}
+		lastRelist = clk.Now()
+		timer.Stop()
+		timer = clk.NewTimer(period())
+		return nil
+	}
+	var ready <-chan struct{}
+	if q != nil {
+		ready = q.ready
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case r := <-events:
-			if r.err == nil {
-				if err := s.handleCRIEvent(ctx, r.ev); err != nil {
+		case <-ready:
+			items, overflow, dropped, ended, end := q.take()
+			if overflow {
+				s.logger.V(1).Info("CRI events came faster than they were handled; dropped some and relisting", "dropped", dropped)
+				if err := relist(); err != nil {
 					return err
 				}
+			}
+			for _, ev := range items {
+				if at := ev.GetCreatedAt(); at > 0 && at < staleBefore {
+					w.updateStats(func(st *Stats) { st.StaleEvents++ })
+					continue
+				}
+				if err := s.handleCRIEvent(ctx, ev); err != nil {
+					return err
+				}
+			}
+			if !ended {
 				continue
 			}
-			if status.Code(r.err) != codes.Unimplemented {
-				return fmt.Errorf("GetContainerEvents stream: %w", r.err)
+			// The stream ended: Unimplemented, or io.EOF at once, means the runtime does
+			// not stream (CRI-O's GetContainerEvents returns nil at once when
+			// enable_pod_events is false, its default: server/container_events.go,
+			// v1.36); io.EOF after it worked is a connection lost (resync by
+			// reconnecting); anything else too.
+			lived := clk.Since(opened)
+			switch {
+			case status.Code(end) == codes.Unimplemented:
+				why = "the runtime has no GetContainerEvents (Unimplemented)"
+			case errors.Is(end, io.EOF) && (q.count() == 0 || lived < w.opts.StreamGrace):
+				why = "the runtime ended the GetContainerEvents stream at once (CRI-O with enable_pod_events off?)"
+			case errors.Is(end, io.EOF):
+				if lived < w.opts.ResyncPeriod {
+					w.shortStreams++
+				} else {
+					w.shortStreams = 0
+				}
+				return fmt.Errorf("%w after %v", errStreamEnded, lived)
+			default:
+				return fmt.Errorf("GetContainerEvents stream: %w", end)
 			}
-			s.logger.V(2).Info("Runtime has no GetContainerEvents; relisting", "period", w.opts.RelistPeriod)
-			events, mode = nil, ModeRelist
+			s.logger.V(1).Info("No CRI event stream; relisting", "why", why, "period", w.opts.RelistPeriod)
+			q, ready, mode = nil, nil, ModeRelist
 			timer.Stop()
 			if remaining := w.opts.RelistPeriod - clk.Since(lastRelist); remaining > 0 {
 				timer = clk.NewTimer(remaining)
-			} else {
-				if err := s.relist(ctx); err != nil {
-					return err
-				}
-				lastRelist = clk.Now()
-				timer = clk.NewTimer(period())
-			}
-			// Last, so that whoever sees the mode also sees the relist timer.
-			s.setMode(mode)
-		case <-timer.C():
-			if err := s.relist(ctx); err != nil {
+			} else if err := relist(); err != nil {
 				return err
 			}
-			lastRelist = clk.Now()
-			timer = clk.NewTimer(period())
+			// Last, so that whoever sees the mode also sees the relist timer.
+			s.setMode(mode, why)
+		case <-s.relistNow:
+			if err := relist(); err != nil {
+				return err
+			}
+		case <-timer.C():
+			if err := relist(); err != nil {
+				return err
+			}
 		}
 	}
 }
 
-func (s *session) setMode(m Mode) {
-	s.w.mu.Lock()
-	s.w.stats.Mode = m
-	s.w.mu.Unlock()
+func (s *session) setMode(m Mode, noStream string) {
+	s.w.updateStats(func(st *Stats) {
+		st.Mode = m
+		st.NoStream = noStream
+	})
 }
 
 // relist lists every container and fetches the status of those that changed.
@@ -408,8 +563,12 @@ func (s *session) relist(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	w.tracker.endList(begin)
-	w.stats.Relists++
+	ignored := w.tracker.ignoredTotal
 	w.mu.Unlock()
+	w.updateStats(func(st *Stats) {
+		st.Relists++
+		st.IgnoredContainers = ignored
+	})
 	return nil
 }
 
@@ -469,18 +628,23 @@ func (s *session) handleCRIEvent(ctx context.Context, ev *runtimeapi.ContainerEv
 func (w *Watcher) observe(st *runtimeapi.ContainerStatus, info map[string]string, sandboxID, source string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if ev, ok := w.tracker.observe(st, info, sandboxID, source, w.opts.Clock.Now()); ok {
+	ev, ok := w.tracker.observe(st, info, sandboxID, source, w.opts.Clock.Now())
+	ignored := w.tracker.ignoredTotal
+	w.updateStats(func(st *Stats) { st.IgnoredContainers = ignored })
+	if ok {
 		w.sendLocked(ev)
 	}
 }
 
 // sendLocked emits an event; w.mu is held so that events of one container keep their
-// order whichever goroutine found them. A full channel blocks the watcher (back
-// pressure), never drops. Stats waits meanwhile.
+// order whichever goroutine found them. A full channel blocks the watcher's calls to the
+// runtime (back pressure), never drops an event the tracker has marked emitted; the
+// runtime's event streams are not held back meanwhile (their queues drop and a relist
+// follows), nor is Stats.
 func (w *Watcher) sendLocked(ev ContainerEvent) {
 	select {
 	case w.out <- ev:
-		w.stats.Emitted[ev.Kind]++
+		w.updateStats(func(st *Stats) { st.Emitted[ev.Kind]++ })
 	case <-w.ctx.Done():
 	}
 }

@@ -48,13 +48,13 @@ func TestRelistEmitsEachExitOnce(t *testing.T) {
 		"c1/Started": {
 			Kind: Started, PodNamespace: "ns", PodName: "web", PodUID: "uid-web", ContainerName: "app",
 			ContainerID: "c1", SandboxID: "sandbox-web", StartedAt: time.Unix(101, 0),
-			CgroupPath: "/kubepods/burstable/poduid-web/c1", MemoryLimit: 20 << 20, Source: SourceRelist,
+			CgroupPath: "/kubepods/burstable/poduid-web/c1", MemoryLimit: 20 << 20, PID: 42, Source: SourceRelist,
 		},
 		"c2/Exited": {
 			Kind: Exited, PodNamespace: "ns", PodName: "job", PodUID: "uid-job", ContainerName: "main",
 			ContainerID: "c2", SandboxID: "sandbox-job", ExitCode: 3, Reason: "Error",
 			StartedAt: time.Unix(101, 0), FinishedAt: time.Unix(200, 0),
-			CgroupPath: "/kubepods/burstable/poduid-job/c2", MemoryLimit: 20 << 20, Source: SourceRelist,
+			CgroupPath: "/kubepods/burstable/poduid-job/c2", MemoryLimit: 20 << 20, PID: 42, Source: SourceRelist,
 		},
 	}
 	if diff := cmp.Diff(want, got, ignoreTimes); diff != "" {
@@ -313,7 +313,7 @@ func TestContainerdEvents(t *testing.T) {
 	want := ContainerEvent{
 		Kind: OOM, PodNamespace: "ns", PodName: "hog", PodUID: "uid-hog", ContainerName: "main",
 		ContainerID: "c1", SandboxID: "sandbox-hog", StartedAt: time.Unix(101, 0), OOMAt: oomAt,
-		CgroupPath: "/kubepods/burstable/poduid-hog/c1", MemoryLimit: 20 << 20, Source: SourceContainerd,
+		CgroupPath: "/kubepods/burstable/poduid-hog/c1", MemoryLimit: 20 << 20, PID: 42, Source: SourceContainerd,
 	}
 	if diff := cmp.Diff(want, got, ignoreTimes); diff != "" {
 		t.Errorf("OOM event (-want +got):\n%s", diff)

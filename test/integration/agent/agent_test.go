@@ -38,7 +38,7 @@ const (
 
 // runningAgent is an agent started with agent.Run, as coroner-agent's main does.
 type runningAgent struct {
-	addr string // /metrics and /healthz
+	addr string // /metrics, /healthz and /readyz
 }
 
 // startAgent runs the agent for node in-process until the test ends, on the shared
@@ -133,11 +133,16 @@ func (a *runningAgent) metric(t *testing.T, name string, labels ...string) float
 	return sum
 }
 
-func (a *runningAgent) healthz(t *testing.T) (int, string) {
+// healthz is the agent's liveness probe (/healthz), readyz its readiness (/readyz):
+// status code and body.
+func (a *runningAgent) healthz(t *testing.T) (int, string) { return a.probe(t, "/healthz") }
+func (a *runningAgent) readyz(t *testing.T) (int, string)  { return a.probe(t, "/readyz") }
+
+func (a *runningAgent) probe(t *testing.T, path string) (int, string) {
 	t.Helper()
-	resp, err := http.Get("http://" + a.addr + "/healthz")
+	resp, err := http.Get("http://" + a.addr + path)
 	if err != nil {
-		t.Fatalf("/healthz: %v", err)
+		t.Fatalf("%s: %v", path, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
@@ -347,7 +352,8 @@ func testChildOOM(t *testing.T, env *containerd.Env) {
 }
 
 // TestRuntimeRestart (d): containerd dies, the container is OOM-killed while it is down,
-// containerd comes back: the stamp still appears; /healthz fails meanwhile and says why.
+// containerd comes back: the stamp still appears; /readyz fails meanwhile and says why,
+// while /healthz (liveness) stays ok: restarting the agent would not bring containerd back.
 func TestRuntimeRestart(t *testing.T) { containerdtest.Each(t, testRuntimeRestart) }
 
 func testRuntimeRestart(t *testing.T, env *containerd.Env) {
@@ -359,20 +365,23 @@ func testRuntimeRestart(t *testing.T, env *containerd.Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, body := a.healthz(t); code != http.StatusOK {
-		t.Fatalf("/healthz %d %q before the restart", code, body)
+	if code, body := a.readyz(t); code != http.StatusOK {
+		t.Fatalf("/readyz %d %q before the restart", code, body)
 	}
 	time.Sleep(1500 * time.Millisecond) // a relist: the agent has seen the container start
 
 	f.cri.Kill()
-	waitFor(t, "/healthz failing", func() bool {
-		code, _ := a.healthz(t)
+	waitFor(t, "/readyz failing", func() bool {
+		code, _ := a.readyz(t)
 		return code == http.StatusServiceUnavailable
 	})
-	_, body := a.healthz(t)
-	t.Logf("/healthz while containerd is down: %q", body)
+	_, body := a.readyz(t)
+	t.Logf("/readyz while containerd is down: %q", body)
 	if !strings.Contains(body, "container runtime unreachable") {
-		t.Errorf("/healthz body %q does not say why", body)
+		t.Errorf("/readyz body %q does not say why", body)
+	}
+	if code, body := a.healthz(t); code != http.StatusOK {
+		t.Errorf("/healthz %d %q while containerd is down: the kubelet would restart the agent for nothing", code, body)
 	}
 	if err := os.WriteFile(filepath.Join("/proc", strconv.Itoa(pid), "root/tmp/go"), nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -389,8 +398,8 @@ func testRuntimeRestart(t *testing.T, env *containerd.Env) {
 	}
 	c := f.waitCondition(p, conditions.OOMKilled)
 	t.Logf("stamped %v after containerd's restart: %q", time.Since(restarted).Round(time.Millisecond), c.Message)
-	waitFor(t, "/healthz ok again", func() bool {
-		code, _ := a.healthz(t)
+	waitFor(t, "/readyz ok again", func() bool {
+		code, _ := a.readyz(t)
 		return code == http.StatusOK
 	})
 	if n := a.metric(t, "coroner_agent_container_exits_total", "verdict=LimitOOM"); n != 1 {
@@ -467,17 +476,21 @@ func testOtherNodeUntouched(t *testing.T, env *containerd.Env) {
 }
 
 // TestMissingRuntimeSocket: an agent whose runtime socket does not exist keeps running,
-// /healthz answers 503 and says why, and runtime_connected is 0.
+// /readyz answers 503 and says why, /healthz ok (no crash loop), and runtime_connected is
+// 0.
 func TestMissingRuntimeSocket(t *testing.T) {
 	api := apiServer(t)
 	a := startAgent(t, api, nodeA, "unix:///tmp/coroner-no-such-dir/containerd.sock")
 	var code int
 	var body string
-	waitFor(t, "/healthz failing", func() bool {
-		code, body = a.healthz(t)
+	waitFor(t, "/readyz failing", func() bool {
+		code, body = a.readyz(t)
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "does not exist")
 	})
-	t.Logf("/healthz: %d %q", code, strings.TrimSpace(body))
+	t.Logf("/readyz: %d %q", code, strings.TrimSpace(body))
+	if code, body := a.healthz(t); code != http.StatusOK {
+		t.Errorf("/healthz %d %q: a missing socket must not make the kubelet restart the agent", code, body)
+	}
 	if v := a.metric(t, "coroner_agent_runtime_connected"); v != 0 {
 		t.Errorf("runtime_connected = %v", v)
 	}

@@ -123,7 +123,12 @@ func testExitCode(t *testing.T, env *containerd.Env) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			w, rec := watch(t, env, tc.opts)
-			waitUntil(t, "connected", w.Connected)
+			// Connected comes with CRI Version; the streams are subscribed a moment later
+			// (on a loaded machine, later than the container below takes to exit).
+			waitUntil(t, "connected and subscribed", func() bool {
+				st := w.Stats()
+				return st.Connected && st.Mode != cri.ModeNone && (tc.opts.NoContainerdEvents || st.ContainerdEvents)
+			})
 
 			start := time.Now()
 			pod, err := env.RunPod(ctx, "it", "exit3")

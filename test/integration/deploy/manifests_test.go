@@ -80,12 +80,14 @@ func TestRenderedManifests(t *testing.T) {
 		pullPolicy      corev1.PullPolicy
 		runtimeEndpoint string
 		runtimeHostPath string
+		runtimeMountRO  bool
 		shortLeases     bool
 		shimTolerates   bool
 		fenceAfter      time.Duration // 0: fencing off
 	}{
-		{dir: "", pullPolicy: corev1.PullIfNotPresent, runtimeEndpoint: "unix:///run/containerd/containerd.sock", runtimeHostPath: "/run/containerd"},
-		{dir: "overlays/kind", pullPolicy: corev1.PullIfNotPresent, runtimeEndpoint: "unix:///run/containerd/containerd.sock", runtimeHostPath: "/run/containerd"},
+		// The base discovers the runtime's socket among the usual places, mounted read-only.
+		{dir: "", pullPolicy: corev1.PullIfNotPresent, runtimeEndpoint: "auto", runtimeHostPath: "/run/containerd", runtimeMountRO: true},
+		{dir: "overlays/kind", pullPolicy: corev1.PullIfNotPresent, runtimeEndpoint: "unix:///run/containerd/containerd.sock", runtimeHostPath: "/run/containerd", runtimeMountRO: true},
 		{dir: "overlays/lab", pullPolicy: corev1.PullNever, runtimeEndpoint: "unix:///run/coroner-lab/node-a/containerd.sock", runtimeHostPath: "/run/coroner-lab", shortLeases: true, shimTolerates: true, fenceAfter: 30 * time.Second},
 	} {
 		t.Run("deploy/"+tc.dir, func(t *testing.T) {
@@ -134,7 +136,7 @@ func TestRenderedManifests(t *testing.T) {
 			if a.SecurityContext == nil || a.SecurityContext.Privileged == nil || !*a.SecurityContext.Privileged {
 				t.Errorf("agent is not privileged (needed for /dev/kmsg)")
 			}
-			wantHostMount(t, &ds, a, tc.runtimeHostPath, false)
+			wantHostMount(t, &ds, a, tc.runtimeHostPath, tc.runtimeMountRO)
 			wantHostMount(t, &ds, a, "/dev/kmsg", true)
 			wantHostMount(t, &ds, a, "/sys/fs/cgroup", true)
 			if len(a.Command) != 1 || a.Command[0] != "/coroner-agent" {
