@@ -64,7 +64,7 @@ type Config struct {
 	// Client talks to the API server; its pod informer is limited to NodeName.
 	Client kubernetes.Interface
 	// Source yields the runtime's container events (cri.Watcher, or crifake in tests).
-	// When it also has LastError() error, /healthz says why the runtime is unreachable;
+	// When it also has LastError() error, /readyz says why the runtime is unreachable;
 	// when it has Stats() cri.Stats, the ignored containers are counted.
 	Source cri.Source
 	// Patcher writes pods; default conditions.NewPodPatcher(Client, Component). Tests
@@ -274,7 +274,7 @@ func (a *Agent) Metrics() *metrics.Metrics { return a.metrics }
 // HasSynced reports whether the pod cache has synced.
 func (a *Agent) HasSynced() bool { return a.informer.HasSynced() }
 
-// Healthy is the /healthz check: nil while the container runtime answers.
+// Healthy is the /readyz check: nil while the container runtime answers.
 func (a *Agent) Healthy() error { return RuntimeHealth(a.cfg.Source) }
 
 // Run runs the agent until ctx is done: the pod informer, the runtime's events, the
@@ -453,7 +453,7 @@ func (a *Agent) watchRuntime(ctx context.Context) {
 			if connected {
 				a.logger.Info("The container runtime answers")
 			} else {
-				a.logger.Info("The container runtime is not reachable; /healthz fails until it is", "reason", RuntimeHealth(a.cfg.Source))
+				a.logger.Info("The container runtime is not reachable; /readyz fails until it is", "reason", RuntimeHealth(a.cfg.Source))
 			}
 			wasConnected = connected
 		}

@@ -10,7 +10,7 @@
 //   - Options (flags) and Run, what cmd/coroner-agent calls: it checks the API server
 //     (ServerCheckTimeout; unreachable at start is an error, except with --fencing, see
 //     Fencing below), starts the runtime watcher
-//     (cri.Watcher), the kernel log reader (agent/kmsg) and /metrics and /healthz, and
+//     (cri.Watcher), the kernel log reader (agent/kmsg) and /metrics, /healthz and /readyz, and
 //     runs an Agent.
 //   - Agent, usable in tests with an injected cri.Source (cri/crifake), clientset, pod
 //     patcher, kernel feed, cgroup root and clock (see Config):
@@ -120,7 +120,10 @@
 //
 // # Health
 //
-// /healthz answers 503 with the reason while the container runtime does not answer (a
-// missing socket: "... does not exist: is the container runtime running?"); the agent
-// keeps running and reconnecting meanwhile, and logs why.
+// /readyz answers 503 with the reason while the container runtime does not answer (a
+// missing socket: "... does not exist: is the container runtime running?", or with
+// --runtime-endpoint=auto every socket tried); the agent keeps running and reconnecting
+// meanwhile, and logs why (a repeated error once per 5 minutes). /healthz (liveness)
+// answers ok whatever the runtime does: restarting the agent would not bring the runtime
+// back, and a crash loop would bury the reason.
 package agent

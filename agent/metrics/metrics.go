@@ -61,7 +61,7 @@ type Metrics struct {
 	DetectionLatency *prometheus.HistogramVec
 
 	// RuntimeConnected (coroner_agent_runtime_connected, gauge) is 1 while the container
-	// runtime answers, 0 otherwise (/healthz then fails and says why).
+	// runtime answers, 0 otherwise (/readyz then fails and says why).
 	RuntimeConnected prometheus.Gauge
 
 	// IgnoredContainers (coroner_agent_ignored_containers_total) counts the containers
