@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -265,6 +266,13 @@ func newKills(before, after map[string]uint64) int64 {
 
 // squeeze sets the cgroup's limit to its usage (a little more when the kernel refuses:
 // usage moves), waits for an OOM kill in it, and restores the limit.
+//
+// The limit goes back the moment the kernel reports the kill, from the goroutine that
+// reads /dev/kmsg, not at the next poll: while it stays low every allocation in the cgroup
+// is another OOM, and with a node's kubepods that means the node's other pods, the agent
+// that reports on the kill among them (seen: the agent killed 7 ms after the victim, while
+// the victim's memory was still being freed). The kill counters are the fallback for a
+// report the kernel rate-limited, or a kmsg this process cannot read.
 func squeeze(ctx context.Context, rel string, timeout time.Duration) (res OOMResult, err error) {
 	res.Cgroup = rel
 	orig, err := cgroup.Read(cgroupFSRoot, rel)
@@ -272,15 +280,36 @@ func squeeze(ctx context.Context, rel string, timeout time.Duration) (res OOMRes
 		return res, err
 	}
 	before := subtreeKills(orig.Dir)
-	// The kernel names the cgroup that ran out in its report; the counters are the
-	// fallback for a report the kernel rate-limited, or a kmsg this process cannot read.
-	reported := make(chan kmsg.OOMKill, 16)
+	var restoreOnce sync.Once
+	var restoreErr error
+	restore := func() {
+		restoreOnce.Do(func() { restoreErr = setMemoryLimit(orig.Version, orig.Dir, orig.Limit) })
+	}
+	start := time.Now()
+	reported := make(chan time.Duration, 1)
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	if f, err := kmsg.Open(kmsg.DevKmsg); err == nil {
-		go func() { _ = kmsg.NewReader(f, time.Time{}).Run(watchCtx, reported) }() // closes f when done
+		kills := make(chan kmsg.OOMKill, 16)
+		go func() { _ = kmsg.NewReader(f, time.Time{}).Run(watchCtx, kills) }() // closes f when done
+		go func() {
+			for {
+				select {
+				case <-watchCtx.Done():
+					return
+				case k := <-kills:
+					if k.OOMMemcg == "/"+rel { // kmsg.Open reads from the end: no older kill
+						restore()
+						select {
+						case reported <- time.Since(start):
+						default:
+						}
+						return
+					}
+				}
+			}
+		}()
 	}
-	start := time.Now()
 	set := false
 	for margin := int64(0); margin <= 64<<20 && !set; margin = max(2*margin, 1<<20) {
 		now, err := cgroup.Read(cgroupFSRoot, rel)
@@ -295,8 +324,9 @@ func squeeze(ctx context.Context, rel string, timeout time.Duration) (res OOMRes
 		}
 	}
 	defer func() {
-		if rerr := setMemoryLimit(orig.Version, orig.Dir, orig.Limit); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("restore the memory limit of %s to %d: %w (write it by hand)", rel, orig.Limit, rerr))
+		restore()
+		if restoreErr != nil {
+			err = errors.Join(err, fmt.Errorf("restore the memory limit of %s to %d: %w (write it by hand)", rel, orig.Limit, restoreErr))
 		}
 		res.Restored = orig.Limit
 		if orig.Limit == 0 {
@@ -312,15 +342,17 @@ func squeeze(ctx context.Context, rel string, timeout time.Duration) (res OOMRes
 	defer tick.Stop()
 	for {
 		if n := newKills(before, subtreeKills(orig.Dir)); n > 0 {
+			restore()
 			res.Kills, res.Took = n, time.Since(start)
 			return res, nil
 		}
 		select {
-		case k := <-reported:
-			if k.OOMMemcg == "/"+rel {
-				res.Kills, res.Took = 1, time.Since(start)
-				return res, nil
-			}
+		case took := <-reported:
+			res.Kills, res.Took = 1, took
+			// The counters catch up a moment later: count every kill of this squeeze.
+			time.Sleep(20 * time.Millisecond)
+			res.Kills = max(res.Kills, newKills(before, subtreeKills(orig.Dir)))
+			return res, nil
 		case <-ctx.Done():
 			res.Took = time.Since(start)
 			return res, ctx.Err()
