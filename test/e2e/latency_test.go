@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/agent/exithistory"
@@ -27,10 +30,11 @@ const latencyPods = 20
 // containerd 1.6 node (relist mode) at the same time, how long after a container's exit
 // the agent's stamp is visible through a watch: latencyPods pods per node, each container
 // exiting once (code 3, restartPolicy OnFailure: the agent records the exit in
-// coroner.dev/exit-history), from the runtime's finishedAt in that record to the watch
-// event that carries it. The kubelet's own report of the same exit (lastState.terminated,
-// whose finishedAt has only seconds) is timed from the same finishedAt beside it. Every
-// exit must be stamped; the figures are logged, not asserted (machines are noisy).
+// coroner.dev/exit-history), from the runtime's finishedAt (asked of the node's containerd
+// over CRI, in nanoseconds: the exit history and the pod status keep only seconds) to the
+// watch event that carries the record. The kubelet's own report of the same exit
+// (lastState.terminated) is timed from the same finishedAt beside it. Every exit must be
+// stamped; the figures are logged, not asserted (machines are noisy).
 func exitToStamp(t *testing.T) {
 	ctx, ns := setup(t, 3*time.Minute)
 	nodes := []string{busyNode, oomNode}
@@ -50,7 +54,7 @@ func exitToStamp(t *testing.T) {
 
 	type seen struct {
 		node             string
-		finished         time.Time
+		containerID      string // the exited container, from the kubelet's lastState
 		stamped, kubelet time.Time
 	}
 	var mu sync.Mutex
@@ -72,13 +76,13 @@ func exitToStamp(t *testing.T) {
 			}
 			if s.stamped.IsZero() {
 				if h, err := exithistory.Parse(p.Annotations[conditions.AnnotationExitHistory]); err == nil && len(h) > 0 {
-					s.stamped, s.finished = at, h[0].FinishedAt
+					s.stamped = at
 				}
 			}
 			if s.kubelet.IsZero() {
 				for _, cs := range p.Status.ContainerStatuses {
-					if cs.LastTerminationState.Terminated != nil {
-						s.kubelet = at
+					if t := cs.LastTerminationState.Terminated; t != nil {
+						s.kubelet, s.containerID = at, strings.TrimPrefix(t.ContainerID, "containerd://")
 					}
 				}
 			}
@@ -127,20 +131,24 @@ func exitToStamp(t *testing.T) {
 	<-done
 	t.Logf("%d pods on %d nodes: all created, exited and reported within %v", len(nodes)*latencyPods, len(nodes), time.Since(start).Round(time.Second))
 	for _, node := range nodes {
+		finishedAt := criFinishedAt(ctx, t, node)
 		var stamp, kubelet []time.Duration
 		var missing []string
 		for name, s := range pods {
 			if s.node != node {
 				continue
 			}
-			if s.stamped.IsZero() || s.finished.IsZero() {
+			if s.stamped.IsZero() {
 				missing = append(missing, name)
 				continue
 			}
-			stamp = append(stamp, s.stamped.Sub(s.finished))
-			if !s.kubelet.IsZero() {
-				kubelet = append(kubelet, s.kubelet.Sub(s.finished))
+			finished, ok := finishedAt[s.containerID]
+			if !ok {
+				t.Errorf("%s: the exited container %q is not in %s's containerd", name, s.containerID, node)
+				continue
 			}
+			stamp = append(stamp, s.stamped.Sub(finished))
+			kubelet = append(kubelet, s.kubelet.Sub(finished))
 		}
 		slices.Sort(missing)
 		if len(missing) > 0 {
@@ -157,3 +165,32 @@ func exitToStamp(t *testing.T) {
 }
 
 func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+
+// criFinishedAt asks a lab node's containerd (its CRI socket is on this machine) when each
+// of its exited containers finished, to the nanosecond.
+func criFinishedAt(ctx context.Context, t *testing.T, node string) map[string]time.Time {
+	t.Helper()
+	n, err := suite.cfg.NodeNamed(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("unix://"+n.Socket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r, err := runtimeapi.NewRuntimeServiceClient(conn).ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+		State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_EXITED},
+	}})
+	if err != nil {
+		t.Fatalf("%s: ListContainers: %v", node, err)
+	}
+	out := map[string]time.Time{}
+	for _, c := range r.GetContainers() {
+		st, err := runtimeapi.NewRuntimeServiceClient(conn).ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.GetId()})
+		if err == nil && st.GetStatus().GetFinishedAt() > 0 {
+			out[c.GetId()] = time.Unix(0, st.GetStatus().GetFinishedAt())
+		}
+	}
+	return out
+}
