@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/controller"
 )
 
 // Options are the settings of coroner-shim, filled from flags.
@@ -44,6 +45,9 @@ type Options struct {
 	// StaleDisruptionAfter is how long DisruptionTarget may stay True on a pod that is not
 	// deleted before the shim clears it (Z4).
 	StaleDisruptionAfter time.Duration
+	// RecoverPods is "all" (every opted-in pod, as Kueue) or "managed" (only the pods of
+	// managed Jobs): whose pods node-failure recovery covers.
+	RecoverPods string
 }
 
 // NewOptions returns the defaults.
@@ -73,6 +77,7 @@ func NewOptions() *Options {
 		FenceMargin:     15 * time.Second,
 
 		StaleDisruptionAfter: 2 * time.Minute,
+		RecoverPods:          string(controller.RecoverAll),
 	}
 }
 
@@ -97,6 +102,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ZombieThreshold, "zombie-threshold", o.ZombieThreshold, "How long after its deletion time an opted-in pod (annotation coroner.dev/safe-to-forcefully-delete or Kueue's) may stay terminating on an unreachable node before it is failed and force-deleted (Z1).")
 	fs.StringVar(&o.AgentNamespace, "agent-namespace", o.AgentNamespace, "Namespace of coroner-agent's fencing Leases (coroner-agent-<node>); default $POD_NAMESPACE, else coroner-system (Z2).")
 	fs.DurationVar(&o.FenceMargin, "fence-margin", o.FenceMargin, "Added to an agent's --fence-after before a node whose agent stopped renewing its Lease counts as fenced, and its opted-in pods are recovered without waiting (Z2): clock skew, the agent's relist period, the time to stop containers.")
+	fs.StringVar(&o.RecoverPods, "recover-pods", o.RecoverPods, "Whose pods stuck on a lost node are recovered: \"all\" recovers every pod opted in by annotation (coroner.dev/safe-to-forcefully-delete, or Kueue's kueue.x-k8s.io/safe-to-forcefully-terminate or kueue.x-k8s.io/safe-to-forcefully-delete, set to \"true\"), whoever owns it (a built-in Job, a JobSet, a bare pod...), as Kueue's failure recovery does: Z1 and Z2, and the forced deletion of a terminal pod being deleted on an unreachable node; this watches every pod, keeping a stripped copy of those that are not Jobs' pods. \"managed\" recovers only the pods of the Jobs this shim manages (Z1-Z4). Orphans (Z3) and stale DisruptionTargets (Z4) are handled for managed Jobs' pods only, either way.")
 	fs.DurationVar(&o.StaleDisruptionAfter, "stale-disruption-after", o.StaleDisruptionAfter, "How long DisruptionTarget=True may stay on a pod that is not being deleted before the shim sets it False (Z4).")
 }
 
@@ -141,6 +147,9 @@ func (o *Options) Validate() error {
 	}
 	if o.AgentNamespace == "" {
 		errs = append(errs, errors.New("--agent-namespace must not be empty"))
+	}
+	if r := controller.RecoverScope(o.RecoverPods); r != controller.RecoverAll && r != controller.RecoverManaged {
+		errs = append(errs, fmt.Errorf("--recover-pods=%q: want %q or %q", o.RecoverPods, controller.RecoverAll, controller.RecoverManaged))
 	}
 	if o.ZombieThreshold <= 0 {
 		errs = append(errs, fmt.Errorf("--zombie-threshold=%v: must be positive", o.ZombieThreshold))

@@ -29,6 +29,9 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "metrics off", args: []string{"--metrics-bind-address=0", "--health-probe-bind-address=0"}},
 		{name: "backoff max below base", args: []string{"--pod-failure-backoff-base=1m", "--pod-failure-backoff-max=30s"}, wantErr: []string{"0 < base <= max"}},
 		{name: "negative zombie threshold", args: []string{"--zombie-threshold=-1s"}, wantErr: []string{"--zombie-threshold"}},
+		{name: "recover only managed Jobs' pods", args: []string{"--recover-pods=managed"}},
+		{name: "recover every opted-in pod", args: []string{"--recover-pods=all"}},
+		{name: "unknown recovery scope", args: []string{"--recover-pods=none"}, wantErr: []string{`--recover-pods="none"`, `"all" or "managed"`}},
 		{name: "every error reported at once", args: []string{"--workers=0", "--kube-api-qps=0"}, wantErr: []string{"--workers=0", "--kube-api-qps=0"}},
 	}
 	for _, tc := range cases {
@@ -62,5 +65,8 @@ func TestDefaults(t *testing.T) {
 	o := NewOptions()
 	if o.ManagedBy != "coroner.dev/shim" || o.PodBackoffBase != 10*time.Second || o.PodBackoffMax != 10*time.Minute {
 		t.Errorf("defaults = managedBy %q, backoff %v..%v; want coroner.dev/shim, 10s..10m (the built-in controller's)", o.ManagedBy, o.PodBackoffBase, o.PodBackoffMax)
+	}
+	if o.RecoverPods != "all" {
+		t.Errorf("default --recover-pods=%q, want all (every opted-in pod, as Kueue)", o.RecoverPods)
 	}
 }

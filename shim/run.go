@@ -74,6 +74,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 			StaleAfter:  opts.StaleDisruptionAfter,
 		},
 		AgentNamespace: opts.AgentNamespace,
+		RecoverPods:    controller.RecoverScope(opts.RecoverPods),
 	})
 
 	var leading, standingBy atomic.Bool

@@ -4,11 +4,13 @@
 // documents (pod deletions and creations, one status write, finalizer removals, then
 // Events, metrics and the backoff record).
 //
-// Jobs managed by anyone else are never synced and never written; neither are their pods.
-// The one exception is shared with the built-in Job controller: a pod that still carries
-// the batch.kubernetes.io/job-tracking finalizer although the Job that controlled it is
-// gone (or it lost its controller reference) gets the finalizer removed, whoever managed
-// the Job, because nobody else would (see orphans.go).
+// Jobs managed by anyone else are never synced and never written; neither are their pods,
+// with two exceptions. One is shared with the built-in Job controller: a pod that still
+// carries the batch.kubernetes.io/job-tracking finalizer although the Job that controlled it
+// is gone (or it lost its controller reference) gets the finalizer removed, whoever managed
+// the Job, because nobody else would (see orphans.go). The other is node-failure recovery
+// of pods whose owner opted them in by annotation (Z1, Z2; Config.RecoverPods, see
+// recovery.go).
 package controller
 
 import (
@@ -86,7 +88,26 @@ type Config struct {
 	// AgentNamespace is where coroner-agent's fencing Leases are; default
 	// "coroner-system".
 	AgentNamespace string
+	// RecoverPods says whose pods node-failure recovery covers: RecoverAll (the default)
+	// every opted-in pod, as Kueue does, RecoverManaged only the pods of managed Jobs.
+	RecoverPods RecoverScope
+	// RecoveryNamespace limits the recovery of pods that are not of managed Jobs to one
+	// namespace; "" (the shim's) is every namespace. Tests that run controllers side by
+	// side on one API server set it.
+	RecoveryNamespace string
 }
+
+// RecoverScope is Config.RecoverPods.
+type RecoverScope string
+
+// Values of RecoverScope.
+const (
+	// RecoverAll recovers every opted-in pod (Z1, Z2), whoever owns it, and every case
+	// (Z1-Z4) for the pods of managed Jobs.
+	RecoverAll RecoverScope = "all"
+	// RecoverManaged recovers only the pods of managed Jobs.
+	RecoverManaged RecoverScope = "managed"
+)
 
 // Controller syncs the Jobs managed by Config.ManagedBy. Create it with New.
 type Controller struct {
@@ -169,6 +190,9 @@ func New(client kubernetes.Interface, cfg Config) *Controller {
 	if cfg.AgentNamespace == "" {
 		cfg.AgentNamespace = "coroner-system"
 	}
+	if cfg.RecoverPods == "" {
+		cfg.RecoverPods = RecoverAll
+	}
 	c := &Controller{
 		client:                client,
 		cfg:                   cfg,
@@ -249,7 +273,15 @@ func indexByControllerUID(obj any) ([]string, error) {
 
 // HasSynced reports whether the informers have synced (for /readyz).
 func (c *Controller) HasSynced() bool {
-	return c.jobInformer.HasSynced() && c.podInformer.HasSynced() && c.nodeInformer.HasSynced() && c.leaseInformer.HasSynced()
+	if !c.jobInformer.HasSynced() || !c.podInformer.HasSynced() {
+		return false
+	}
+	for _, synced := range c.synced() {
+		if !synced() {
+			return false
+		}
+	}
+	return true
 }
 
 // Run starts the informers, waits for their caches to sync, and runs the workers until
@@ -277,15 +309,17 @@ func (c *Controller) Run(ctx context.Context) error {
 		wg.Wait()
 		c.jobFactory.Shutdown()
 		c.podFactory.Shutdown()
-		c.nodeFactory.Shutdown()
-		c.leaseFactory.Shutdown()
+		for _, f := range c.factories() {
+			f.Shutdown()
+		}
 	}()
 
 	c.jobFactory.Start(ctx.Done())
 	c.podFactory.Start(ctx.Done())
-	c.nodeFactory.Start(ctx.Done())
-	c.leaseFactory.Start(ctx.Done())
-	if !cache.WaitForNamedCacheSyncWithContext(ctx, c.jobInformer.HasSynced, c.podInformer.HasSynced, c.nodeInformer.HasSynced, c.leaseInformer.HasSynced) {
+	for _, f := range c.factories() {
+		f.Start(ctx.Done())
+	}
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, append([]cache.InformerSynced{c.jobInformer.HasSynced, c.podInformer.HasSynced}, c.synced()...)...) {
 		return fmt.Errorf("the Job, Pod, Node and Lease caches did not sync: %w", context.Cause(ctx))
 	}
 

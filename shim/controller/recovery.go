@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,11 +21,29 @@ import (
 	"github.com/coroner-dev/coroner/shim/recovery"
 )
 
-// Node-failure recovery (Z1-Z4) of the pods of managed Jobs: a queue of pod keys fed by
-// the pod, node and agent-Lease informers, synced by recoverPod, which carries out
-// recovery.Decide's Decision: one status write (phase Failed and conditions, or the
-// cleared DisruptionTarget), the Events, then the forced deletion, and a requeue at the
-// Decision's deadline.
+// Node-failure recovery (Z1-Z4): a queue of pod keys fed by the pod, node and agent-Lease
+// informers, synced by recoverPod, which carries out recovery.Decide's Decision: one status
+// write (phase Failed and conditions, or the cleared DisruptionTarget), the Events, then the
+// forced deletion, and a requeue at the Decision's deadline.
+//
+// Whose pods. Every case applies to the pods of managed Jobs. With RecoverAll (the default,
+// --recover-pods=all) opted-in pods of anything else are recovered too, as Kueue's failure
+// recovery does: a built-in Job's, a JobSet's (its pods are its Jobs' pods), a bare pod, a
+// StatefulSet's; only the opt-in cases (Z1, Z2, deleting a terminal pod) apply to them.
+//
+// Which informers. The annotation that opts a pod in cannot be selected on, so recovering
+// every opted-in pod means watching every pod. The pods of every Job, managed or not,
+// carry the batch.kubernetes.io/controller-uid label and are in the Job controller's pod
+// informer already, as whole objects (the Job sync needs them). The other pods, selected with
+// "!batch.kubernetes.io/controller-uid", go to a second informer whose transform keeps only
+// what recovery reads (stripForRecovery): for a pod that is not opted in, its name,
+// namespace, UID and resourceVersion; for an opted-in pod also the opt-in annotations,
+// deletionTimestamp and grace period, nodeName, phase and conditions. So no pod is cached
+// twice, and the pods of Deployments, DaemonSets and the like cost a stub each rather than
+// the whole object: 1.4 KB against 9.6 KB for a typical Deployment pod, 2.2 KB when opted in
+// (TestStripForRecoveryMemory; the empty corev1.Pod struct is most of the stub). The
+// handlers of that informer enqueue only opted-in pods.
+// With RecoverManaged the second informer does not exist.
 
 // nodeNameIndex indexes pods by spec.nodeName.
 const nodeNameIndex = "coroner.dev/node-name"
@@ -37,7 +56,8 @@ func indexByNodeName(obj any) ([]string, error) {
 	return []string{pod.Spec.NodeName}, nil
 }
 
-// setupRecovery builds the node and Lease informers and their handlers (New calls it).
+// setupRecovery builds the node and Lease informers, with RecoverAll the informer of the
+// pods that are not Jobs' pods, and their handlers (New calls it).
 func (c *Controller) setupRecovery() {
 	c.nodeFactory = informers.NewSharedInformerFactory(c.client, 0)
 	c.leaseFactory = informers.NewSharedInformerFactoryWithOptions(c.client, 0, informers.WithNamespace(c.cfg.AgentNamespace))
@@ -47,6 +67,29 @@ func (c *Controller) setupRecovery() {
 	c.leaseInformer, c.leaseLister = leases.Informer(), leases.Lister()
 	if err := c.podInformer.AddIndexers(cache.Indexers{nodeNameIndex: indexByNodeName}); err != nil {
 		panic(fmt.Sprintf("adding the pod node index: %v", err))
+	}
+	if c.cfg.RecoverPods == RecoverAll {
+		c.otherPodFactory = informers.NewSharedInformerFactoryWithOptions(c.client, 0,
+			informers.WithNamespace(c.cfg.RecoveryNamespace),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + batchv1.ControllerUidLabel }),
+			informers.WithTransform(stripForRecovery))
+		others := c.otherPodFactory.Core().V1().Pods()
+		c.otherPodInformer, c.otherPodLister = others.Informer(), others.Lister()
+		if err := c.otherPodInformer.AddIndexers(cache.Indexers{nodeNameIndex: indexByNodeName}); err != nil {
+			panic(fmt.Sprintf("adding the pod node index: %v", err))
+		}
+		c.otherPodIndexer = c.otherPodInformer.GetIndexer()
+		enqueue := func(obj any) {
+			if pod, ok := obj.(*corev1.Pod); ok && recovery.Relevant(pod, true) {
+				c.recoveryQueue.Add(cache.MetaObjectToName(pod).String())
+			}
+		}
+		if _, err := c.otherPodInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    enqueue,
+			UpdateFunc: func(_, cur any) { enqueue(cur) },
+		}); err != nil {
+			panic(fmt.Sprintf("adding the Pod event handler: %v", err))
+		}
 	}
 	if _, err := c.nodeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(old, cur any) {
@@ -99,11 +142,41 @@ func equalTaints(a, b []corev1.Taint) bool {
 	return true
 }
 
-// enqueueRecovery queues a pod whose change may call for a recovery: one recovery.Relevant
-// says so of, or one bound to a node the cache does not know (an orphan, Z3, unless the
-// cache lags: recoverPod asks the API server).
+// stripForRecovery is the transform of the informer of pods that are not Jobs' pods: it
+// keeps what recovery.Decide, recovery.Relevant and the status writer read of an opted-in
+// pod, and only the identity of any other (the informer still has to know the pod, to see
+// it opted in later or gone). It is idempotent, as a transform must be.
+func stripForRecovery(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
+		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
+	}}
+	if !conditions.OptedInToForcefulDeletion(p.Annotations) {
+		return out, nil
+	}
+	out.Annotations = map[string]string{}
+	for _, k := range conditions.SafeToForcefullyDeleteAnnotations {
+		if v, ok := p.Annotations[k]; ok {
+			out.Annotations[k] = v
+		}
+	}
+	out.DeletionTimestamp = p.DeletionTimestamp
+	out.DeletionGracePeriodSeconds = p.DeletionGracePeriodSeconds
+	out.Spec.NodeName = p.Spec.NodeName
+	out.Status.Phase = p.Status.Phase
+	out.Status.Conditions = p.Status.Conditions
+	return out, nil
+}
+
+// enqueueRecovery queues a pod of the Jobs' pod informer whose change may call for a
+// recovery: one recovery.Relevant says so of, or one bound to a node the cache does not know
+// (an orphan, Z3, unless the cache lags: recoverPod asks the API server). Whether it is of
+// a managed Job is for recoverPod to see: the Job may not be in the lister yet.
 func (c *Controller) enqueueRecovery(pod *corev1.Pod) {
-	if recovery.Relevant(pod) || c.nodeUnknown(pod) {
+	if recovery.Relevant(pod, false) || c.nodeUnknown(pod) {
 		c.recoveryQueue.Add(cache.MetaObjectToName(pod).String())
 	}
 }
@@ -119,15 +192,49 @@ func (c *Controller) nodeUnknown(pod *corev1.Pod) bool {
 
 // enqueueNodePods queues the relevant pods bound to the node.
 func (c *Controller) enqueueNodePods(node string) {
-	objs, err := c.podIndexer.ByIndex(nodeNameIndex, node)
-	if err != nil {
-		return
-	}
-	for _, o := range objs {
-		if pod, ok := o.(*corev1.Pod); ok {
-			c.enqueueRecovery(pod)
+	if objs, err := c.podIndexer.ByIndex(nodeNameIndex, node); err == nil {
+		for _, o := range objs {
+			if pod, ok := o.(*corev1.Pod); ok {
+				c.enqueueRecovery(pod)
+			}
 		}
 	}
+	if c.otherPodIndexer == nil {
+		return
+	}
+	if objs, err := c.otherPodIndexer.ByIndex(nodeNameIndex, node); err == nil {
+		for _, o := range objs {
+			if pod, ok := o.(*corev1.Pod); ok && recovery.Relevant(pod, true) {
+				c.recoveryQueue.Add(cache.MetaObjectToName(pod).String())
+			}
+		}
+	}
+}
+
+// recoveryPod returns the pod of a recovery queue key from the Jobs' pod cache, else from
+// the cache of the other pods; nil without error when it is in neither.
+func (c *Controller) recoveryPod(key string) (*corev1.Pod, error) {
+	pod, err := c.cachedPod(key)
+	if pod != nil || err != nil || c.otherPodLister == nil {
+		return pod, err
+	}
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil, nil
+	}
+	pod, err = c.otherPodLister.Pods(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return pod, err
+}
+
+// recoversOthers reports whether the pod, not of a managed Job, is to be recovered: with
+// RecoverAll, within RecoveryNamespace, opted in.
+func (c *Controller) recoversOthers(pod *corev1.Pod) bool {
+	return c.cfg.RecoverPods == RecoverAll &&
+		(c.cfg.RecoveryNamespace == "" || pod.Namespace == c.cfg.RecoveryNamespace) &&
+		conditions.OptedInToForcefulDeletion(pod.Annotations)
 }
 
 // nodeMissingFor records that the API server said the node does not exist, and returns
@@ -150,24 +257,27 @@ func (c *Controller) nodeFound(node string) {
 	delete(c.nodesMissing, node)
 }
 
-// recoverPod decides about one pod of a managed Job and carries the decision out.
+// recoverPod decides about one pod and carries the decision out: a pod of a managed Job,
+// or an opted-in pod of anything else (recoversOthers).
 func (c *Controller) recoverPod(ctx context.Context, key string) error {
-	pod, err := c.cachedPod(key)
+	pod, err := c.recoveryPod(key)
 	if pod == nil || err != nil {
 		return err
 	}
 	ns, name := pod.Namespace, pod.Name
 	job, _ := c.jobOf(pod)
-	if job == nil {
-		return nil // not a pod of a Job this controller manages
+	if job == nil && !c.recoversOthers(pod) {
+		return nil
 	}
-	in := recovery.Input{Pod: pod, Now: c.clock.Now()}
+	in := recovery.Input{Pod: pod, Now: c.clock.Now(), OptedInOnly: job == nil}
 	if node := pod.Spec.NodeName; node != "" {
 		n, err := c.nodeLister.Get(node)
 		switch {
 		case err == nil:
 			in.Node = n
 			c.nodeFound(node)
+		case apierrors.IsNotFound(err) && in.OptedInOnly:
+			// Orphans (Z3) of others are pod GC's: no need to ask the API server.
 		case apierrors.IsNotFound(err):
 			// The cache may lag behind a node that was just made: ask the API server.
 			n, err := c.client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -199,9 +309,11 @@ func (c *Controller) recoverPod(ctx context.Context, key string) error {
 			}
 			return err
 		}
-		logger.Info("Recovered a pod from a node failure", "action", d.Action, "message", d.Message)
+		logger.Info("Recovered a pod from a node failure", "action", d.Action, "message", d.Message, "managedJob", job != nil)
 		c.recorder.Event(pod, corev1.EventTypeWarning, d.Reason, d.Message)
-		c.recorder.Event(job, corev1.EventTypeWarning, d.Reason, d.Message)
+		if job != nil {
+			c.recorder.Event(job, corev1.EventTypeWarning, d.Reason, d.Message)
+		}
 		c.metrics.PodsRecovered.WithLabelValues(string(d.Action), d.Conditions[0].Reason).Inc()
 	case recovery.ClearDisruption:
 		if _, err := conditions.EnsurePodCondition(ctx, c.patcher, pod, d.Conditions[0], now); err != nil {
@@ -222,6 +334,15 @@ func (c *Controller) recoverPod(ctx context.Context, key string) error {
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return fmt.Errorf("force-deleting pod %s: %w", key, err)
 		}
+		if err == nil && d.Action == recovery.DeleteTerminal {
+			// The deletion is the write: its Events come after it.
+			logger.Info("Force-deleted a terminal pod left on an unreachable node", "message", d.Message, "managedJob", job != nil)
+			c.recorder.Event(pod, corev1.EventTypeWarning, d.Reason, d.Message)
+			if job != nil {
+				c.recorder.Event(job, corev1.EventTypeWarning, d.Reason, d.Message)
+			}
+			c.metrics.PodsRecovered.WithLabelValues(string(d.Action), conditions.ReasonNodeUnreachable).Inc()
+		}
 	}
 	if d.RequeueAfter > 0 {
 		c.recoveryQueue.AddAfter(key, d.RequeueAfter)
@@ -229,10 +350,33 @@ func (c *Controller) recoverPod(ctx context.Context, key string) error {
 	return nil
 }
 
-// Listers of the recovery informers, for the fields of Controller.
+// Listers of the recovery informers, for the fields of Controller. The otherPod ones (pods
+// that are not Jobs' pods, stripped) are nil unless RecoverPods is RecoverAll.
 type recoveryListers struct {
 	nodeFactory, leaseFactory   informers.SharedInformerFactory
 	nodeInformer, leaseInformer cache.SharedIndexInformer
 	nodeLister                  corelisters.NodeLister
 	leaseLister                 coordinationlisters.LeaseLister
+	otherPodFactory             informers.SharedInformerFactory
+	otherPodInformer            cache.SharedIndexInformer
+	otherPodIndexer             cache.Indexer
+	otherPodLister              corelisters.PodLister
+}
+
+// synced returns the recovery informers' HasSynced, for the cache sync wait.
+func (r *recoveryListers) synced() []cache.InformerSynced {
+	s := []cache.InformerSynced{r.nodeInformer.HasSynced, r.leaseInformer.HasSynced}
+	if r.otherPodInformer != nil {
+		s = append(s, r.otherPodInformer.HasSynced)
+	}
+	return s
+}
+
+// factories returns the recovery informer factories, to start and shut down.
+func (r *recoveryListers) factories() []informers.SharedInformerFactory {
+	f := []informers.SharedInformerFactory{r.nodeFactory, r.leaseFactory}
+	if r.otherPodFactory != nil {
+		f = append(f, r.otherPodFactory)
+	}
+	return f
 }

@@ -107,8 +107,9 @@ type Metrics struct {
 	// shim that have not finished, as its informer sees them. No labels.
 	ManagedJobs prometheus.Gauge
 	// PodsRecovered counts the node-failure recoveries (Z1-Z4) by action (FailOrphan,
-	// ForceTerminate, ClearDisruption) and reason (NodeUnreachable, NodeFenced,
-	// DeletionByPodGC, StaleDisruptionTarget).
+	// ForceTerminate, ClearDisruption, DeleteTerminal) and reason (NodeUnreachable,
+	// NodeFenced, DeletionByPodGC, StaleDisruptionTarget), of the pods of managed Jobs and,
+	// with --recover-pods=all, of the other opted-in pods.
 	PodsRecovered *prometheus.CounterVec
 }
 
@@ -160,7 +161,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		PodsRecovered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace,
 			Name:      "pods_recovered_total",
-			Help:      "Pods of managed Jobs the shim recovered from a node failure. action: ForceTerminate (zombie or fenced node), FailOrphan (node gone), ClearDisruption (stale DisruptionTarget); reason: NodeUnreachable, NodeFenced, DeletionByPodGC, StaleDisruptionTarget.",
+			Help:      "Pods the shim recovered from a node failure (of managed Jobs, and other opted-in pods with --recover-pods=all). action: ForceTerminate (zombie or fenced node), FailOrphan (node gone), ClearDisruption (stale DisruptionTarget), DeleteTerminal (terminal pod being deleted on an unreachable node); reason: NodeUnreachable, NodeFenced, DeletionByPodGC, StaleDisruptionTarget.",
 		}, []string{"action", "reason"}),
 	}
 	reg.MustRegister(

@@ -1,5 +1,5 @@
-// Package recovery decides what the shim does about the pods of its Jobs that a node
-// failure left behind (requirements Z1-Z4). Decide is a pure function of a pod, its node,
+// Package recovery decides what the shim does about the pods that a node failure left
+// behind (requirements Z1-Z4). Decide is a pure function of a pod, its node,
 // the node's agent Lease and a time; the controller carries the Decision out (one status
 // write, an Event, a forced deletion) and comes back at Decision.RequeueAfter.
 //
@@ -11,18 +11,37 @@
 //     pods, as with kube-controller-manager's pod GC, whose quarantine is 40 s). Phase Failed with
 //     DisruptionTarget reason DeletionByPodGC (as kube-controller-manager's pod GC does
 //     after its quarantine) and ForcefullyTerminated reason NodeDeleted, then deleted.
+//
 //   - Fenced (Z2): the pod is opted in (conditions.OptedInToForcefulDeletion), still
 //     Pending or Running, its node is tainted node.kubernetes.io/unreachable, and the
 //     node's agent Lease says the agent has fenced (conditions.NodeFenced): its containers
 //     are stopped, so the pod is recovered at once, being deleted or not (without waiting
 //     for the taint manager's eviction after the pod's toleration, 300 s by default).
+//
 //   - Zombie (Z1): the pod is opted in, Pending or Running, being deleted, on a node
 //     tainted unreachable, and deletionTimestamp + Threshold has passed: nobody can
 //     confirm its containers stopped, but its owner said that is acceptable.
+//
 //   - Stale disruption (Z4): DisruptionTarget=True for over StaleAfter on a pod that is
 //     neither being deleted nor terminal (an eviction or preemption that did not happen):
 //     the condition is set to False, so that a podFailurePolicy does not later take a
 //     real failure of the pod for a disruption.
+//
+//   - Terminal left behind: the pod is opted in, already Failed or Succeeded (its containers
+//     stopped: the kubelet, the agent or a recovery said so), being deleted, and its node is
+//     tainted unreachable, so no kubelet will ever confirm the deletion: it is force-deleted
+//     at once (Action DeleteTerminal), as newer Kueue releases do. (The API server deletes a
+//     pod that is terminal when its deletion is asked for at once; such a pod became terminal
+//     after its deletion began: its kubelet's last status before the partition, or a
+//     controller such as Kueue's failure recovery, which fails pods without deleting them.)
+//
+// Which pods: every case applies to the pods of the Jobs the shim manages. Pods of anything
+// else (a built-in Job, a JobSet's Jobs, a bare pod, ...) are covered only when the shim is
+// told to recover every opted-in pod (Input.OptedInOnly), as Kueue's failure recovery does,
+// and then only for what the opt-in allows: Fenced, Zombie and Terminal left behind. Orphans
+// (Z3) are left to kube-controller-manager's pod GC and stale DisruptionTargets (Z4) to the
+// pod's own controller: neither needs the owner's consent to a second copy, and the shim does
+// not second-guess other controllers.
 //
 // A recovered pod gets phase Failed, the condition coroner.dev/ForcefullyTerminated (what
 // coroner did, reason NodeUnreachable or NodeFenced) and, unless it has one already,
@@ -80,6 +99,10 @@ type Input struct {
 	// Lease is the node's agent Lease (conditions.AgentLeaseName), nil when none.
 	Lease *coordinationv1.Lease
 	Now   time.Time
+	// OptedInOnly says the pod is not of a Job the shim manages: only the cases its opt-in
+	// annotation allows apply (Z1, Z2, the deletion of a terminal pod), and nothing at all
+	// without the annotation.
+	OptedInOnly bool
 }
 
 // Action is what to do with a pod.
@@ -92,7 +115,16 @@ const (
 	ClearDisruption Action = "ClearDisruption" // Z4
 	// FinishDeletion force-deletes a pod recovered earlier whose deletion did not happen.
 	FinishDeletion Action = "FinishDeletion"
+	// DeleteTerminal force-deletes an opted-in pod that is terminal and being deleted on an
+	// unreachable node: nothing to write, its containers have stopped, but no kubelet will
+	// confirm the deletion.
+	DeleteTerminal Action = "DeleteTerminal"
 )
+
+// EventReasonForcefullyDeleted is the reason of the Warning Event on a pod deleted by
+// DeleteTerminal. (It belongs with the other Event reasons in package conditions; it is
+// here until that package, owned elsewhere, takes it.)
+const EventReasonForcefullyDeleted = "ForcefullyDeleted"
 
 // Decision is what Decide decided.
 type Decision struct {
@@ -101,7 +133,7 @@ type Decision struct {
 	// ClearDisruption.
 	Conditions []corev1.PodCondition
 	// Reason and Message of the Warning Event on the pod and its Job (ForceTerminate,
-	// FailOrphan), or the Normal one (ClearDisruption).
+	// FailOrphan, DeleteTerminal), or the Normal one (ClearDisruption).
 	Reason, Message string
 	// Delete says to force-delete the pod after the status write.
 	Delete bool
@@ -116,11 +148,23 @@ func (c Config) Decide(in Input) Decision {
 	if p == nil {
 		return Decision{}
 	}
+	optedIn := conditions.OptedInToForcefulDeletion(p.Annotations)
+	if in.OptedInOnly && !optedIn {
+		return Decision{}
+	}
 	if conditions.IsTerminalPhase(p.Status.Phase) {
 		if recoveredNotDeleted(p) {
 			return Decision{Action: FinishDeletion, Delete: true}
 		}
+		if in.Node != nil && unreachable(in.Node) && terminalLeftBehind(p) {
+			msg := fmt.Sprintf("pod %s/%s: phase %s, being deleted on node %s, which is unreachable: force-deleted (opted in by %s)",
+				p.Namespace, p.Name, p.Status.Phase, in.Node.Name, optInAnnotation(p))
+			return Decision{Action: DeleteTerminal, Reason: EventReasonForcefullyDeleted, Message: msg, Delete: true}
+		}
 		return Decision{}
+	}
+	if in.OptedInOnly {
+		in.NodeGone = false // Z3 is pod GC's for pods not of managed Jobs
 	}
 	if in.NodeGone && p.Spec.NodeName != "" && in.NodeMissingFor < c.OrphanQuarantine {
 		return Decision{RequeueAfter: c.OrphanQuarantine - in.NodeMissingFor}
@@ -143,7 +187,7 @@ func (c Config) Decide(in Input) Decision {
 			next = d
 		}
 	}
-	if in.Node != nil && unreachable(in.Node) && conditions.OptedInToForcefulDeletion(p.Annotations) {
+	if in.Node != nil && unreachable(in.Node) && optedIn {
 		optIn := optInAnnotation(p)
 		if fs := conditions.NodeFenced(in.Lease, in.Now, c.FenceMargin); fs.Fenced {
 			msg := fmt.Sprintf("Pod forcefully terminated: node %s is unreachable and fenced (%s; opted in by %s)", in.Node.Name, fs.Why, optIn)
@@ -162,7 +206,7 @@ func (c Config) Decide(in Input) Decision {
 		}
 	}
 
-	if dt := conditions.Find(&p.Status, corev1.DisruptionTarget); dt != nil && dt.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil {
+	if dt := conditions.Find(&p.Status, corev1.DisruptionTarget); !in.OptedInOnly && dt != nil && dt.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil {
 		deadline := dt.LastTransitionTime.Add(c.StaleAfter)
 		if !in.Now.Before(deadline) {
 			msg := fmt.Sprintf("DisruptionTarget (%s) cleared: the pod was not deleted within %v of it", dt.Reason, c.StaleAfter)
@@ -232,16 +276,28 @@ func recoveredNotDeleted(p *corev1.Pod) bool {
 	return p.DeletionTimestamp == nil || p.DeletionGracePeriodSeconds == nil || *p.DeletionGracePeriodSeconds != 0
 }
 
+// terminalLeftBehind: the terminal pod is opted in and being deleted, and has not been
+// force-deleted yet (grace period 0, kept only by finalizers).
+func terminalLeftBehind(p *corev1.Pod) bool {
+	return p.DeletionTimestamp != nil && conditions.OptedInToForcefulDeletion(p.Annotations) &&
+		(p.DeletionGracePeriodSeconds == nil || *p.DeletionGracePeriodSeconds != 0)
+}
+
 // Relevant reports whether a change of the pod may change Decide's answer, so that
 // event handlers enqueue only those pods: bound and not terminal, and being deleted, opted
-// in or carrying DisruptionTarget=True; or recovered but not deleted yet.
-func Relevant(p *corev1.Pod) bool {
+// in or carrying DisruptionTarget=True; or terminal and recovered but not deleted yet, or
+// opted in and being deleted. With optedInOnly (a pod not of a managed Job, see
+// Input.OptedInOnly) only opted-in pods are.
+func Relevant(p *corev1.Pod, optedInOnly bool) bool {
 	if p == nil || p.Spec.NodeName == "" {
 		return false
 	}
-	if conditions.IsTerminalPhase(p.Status.Phase) {
-		return recoveredNotDeleted(p)
+	optedIn := conditions.OptedInToForcefulDeletion(p.Annotations)
+	if optedInOnly && !optedIn {
+		return false
 	}
-	return p.DeletionTimestamp != nil || conditions.OptedInToForcefulDeletion(p.Annotations) ||
-		conditions.IsTrue(&p.Status, corev1.DisruptionTarget)
+	if conditions.IsTerminalPhase(p.Status.Phase) {
+		return recoveredNotDeleted(p) || terminalLeftBehind(p)
+	}
+	return p.DeletionTimestamp != nil || optedIn || conditions.IsTrue(&p.Status, corev1.DisruptionTarget)
 }

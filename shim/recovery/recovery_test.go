@@ -110,8 +110,58 @@ func TestDecide(t *testing.T) {
 			wantTypes: []string{string(conditions.ForcefullyTerminated), string(corev1.DisruptionTarget)},
 		},
 		{
-			name: "a terminal pod is left alone",
-			in:   Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete), deletedAgo(time.Hour), phase(corev1.PodFailed)), Node: node(unreachableNoExecute)},
+			// Issue 12 item 5 (newer Kueue does the same): no kubelet will confirm the
+			// deletion; the containers have stopped, so nothing is risked.
+			name:             "a terminal pod being deleted on an unreachable node is force-deleted at once",
+			in:               Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete), deletedAgo(time.Second), phase(corev1.PodFailed)), Node: node(unreachableNoExecute)},
+			wantAction:       DeleteTerminal,
+			wantMessageParts: []string{"phase Failed", "node n1", "unreachable", "coroner.dev/safe-to-forcefully-delete"},
+		},
+		{
+			name:       "a terminal pod not of a managed Job, opted in by Kueue's annotation, is force-deleted too",
+			in:         Input{Pod: pod(optedIn(conditions.AnnotationKueueSafeToForcefullyDelete), deletedAgo(time.Hour), phase(corev1.PodSucceeded)), Node: node(unreachableNoExecute), OptedInOnly: true},
+			wantAction: DeleteTerminal,
+		},
+		{
+			name: "a terminal pod that is not being deleted is left alone",
+			in:   Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete), phase(corev1.PodFailed)), Node: node(unreachableNoExecute)},
+		},
+		{
+			name: "a terminal pod being deleted on a reachable node is left alone",
+			in:   Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete), deletedAgo(time.Hour), phase(corev1.PodFailed)), Node: node()},
+		},
+		{
+			name: "a terminal pod that is not opted in is left alone",
+			in:   Input{Pod: pod(deletedAgo(time.Hour), phase(corev1.PodFailed)), Node: node(unreachableNoExecute)},
+		},
+		{
+			name: "a terminal pod force-deleted already, kept by a finalizer: nothing more",
+			in: Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete), deletedAgo(0), phase(corev1.PodFailed), func(p *corev1.Pod) {
+				p.DeletionGracePeriodSeconds = new(int64)
+			}), Node: node(unreachableNoExecute)},
+		},
+		{
+			name:       "not of a managed Job, opted in: a zombie is recovered",
+			in:         Input{Pod: pod(optedIn(conditions.AnnotationKueueSafeToForcefullyTerminate), deletedAgo(61*time.Second)), Node: node(unreachableNoExecute), OptedInOnly: true},
+			wantAction: ForceTerminate, wantReason: conditions.ReasonNodeUnreachable,
+			wantTypes: []string{string(conditions.ForcefullyTerminated), string(corev1.DisruptionTarget)},
+		},
+		{
+			name:       "not of a managed Job, opted in: recovered at once on a fenced node",
+			in:         Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), Node: node(unreachableNoExecute), Lease: lease(61*time.Second, "45s"), OptedInOnly: true},
+			wantAction: ForceTerminate, wantReason: conditions.ReasonNodeFenced,
+		},
+		{
+			name: "not of a managed Job and not opted in: a zombie is left alone",
+			in:   Input{Pod: pod(deletedAgo(time.Hour)), Node: node(unreachableNoExecute), Lease: lease(time.Hour, "45s"), OptedInOnly: true},
+		},
+		{
+			name: "not of a managed Job: an orphan is pod GC's",
+			in:   Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), NodeGone: true, NodeMissingFor: time.Hour, OptedInOnly: true},
+		},
+		{
+			name: "not of a managed Job: a stale DisruptionTarget is its controller's",
+			in:   Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete), disrupted(conditions.ReasonEvictionByEvictionAPI, time.Hour)), Node: node(), OptedInOnly: true},
 		},
 		{
 			name:       "fenced node: not deleted, recovered at once",
@@ -209,7 +259,7 @@ func TestDecide(t *testing.T) {
 			if tc.wantTypes != nil && strings.Join(types, ",") != strings.Join(tc.wantTypes, ",") {
 				t.Errorf("conditions %v, want %v", types, tc.wantTypes)
 			}
-			if wantDelete := tc.wantAction == ForceTerminate || tc.wantAction == FailOrphan || tc.wantAction == FinishDeletion; d.Delete != wantDelete {
+			if wantDelete := tc.wantAction == ForceTerminate || tc.wantAction == FailOrphan || tc.wantAction == FinishDeletion || tc.wantAction == DeleteTerminal; d.Delete != wantDelete {
 				t.Errorf("delete %v, want %v", d.Delete, wantDelete)
 			}
 			for _, part := range tc.wantMessageParts {
@@ -228,18 +278,26 @@ func TestRelevant(t *testing.T) {
 	cases := map[string]struct {
 		pod  *corev1.Pod
 		want bool
+		// wantOptedInOnly is Relevant's answer for a pod not of a managed Job.
+		wantOptedInOnly bool
 	}{
-		"plain running pod":    {pod(), false},
-		"opted in":             {pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), true},
-		"being deleted":        {pod(deletedAgo(time.Second)), true},
-		"disrupted":            {pod(disrupted("x", time.Second)), true},
-		"unbound":              {pod(deletedAgo(time.Second), func(p *corev1.Pod) { p.Spec.NodeName = "" }), false},
-		"terminal and deleted": {pod(deletedAgo(time.Second), phase(corev1.PodSucceeded)), false},
-		"nil":                  {nil, false},
+		"plain running pod":                  {pod(), false, false},
+		"opted in":                           {pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), true, true},
+		"being deleted":                      {pod(deletedAgo(time.Second)), true, false},
+		"disrupted":                          {pod(disrupted("x", time.Second)), true, false},
+		"unbound":                            {pod(deletedAgo(time.Second), func(p *corev1.Pod) { p.Spec.NodeName = "" }), false, false},
+		"terminal and deleted":               {pod(deletedAgo(time.Second), phase(corev1.PodSucceeded)), false, false},
+		"terminal, deleted and opted in":     {pod(optedIn(conditions.AnnotationKueueSafeToForcefullyTerminate), deletedAgo(time.Second), phase(corev1.PodSucceeded)), true, true},
+		"terminal, opted in, not deleted":    {pod(optedIn(conditions.AnnotationKueueSafeToForcefullyTerminate), phase(corev1.PodFailed)), false, false},
+		"opted in with a value not \"true\"": {pod(func(p *corev1.Pod) { p.Annotations[conditions.AnnotationSafeToForcefullyDelete] = "True" }, deletedAgo(time.Second)), true, false},
+		"nil":                                {nil, false, false},
 	}
 	for name, tc := range cases {
-		if got := Relevant(tc.pod); got != tc.want {
+		if got := Relevant(tc.pod, false); got != tc.want {
 			t.Errorf("%s: Relevant = %v, want %v", name, got, tc.want)
+		}
+		if got := Relevant(tc.pod, true); got != tc.wantOptedInOnly {
+			t.Errorf("%s: Relevant (opted-in only) = %v, want %v", name, got, tc.wantOptedInOnly)
 		}
 	}
 }

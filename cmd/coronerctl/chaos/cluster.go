@@ -131,9 +131,28 @@ func podFate(cur *corev1.Pod) string {
 }
 
 // pollAPI calls check at once and then every apiPollInterval until it reports done or an
-// error, or ctx ends (its error is then ctx's).
-func pollAPI(ctx context.Context, check func() (done bool, err error)) error {
-	return wait.PollUntilContextCancel(ctx, apiPollInterval, true, func(context.Context) (bool, error) { return check() })
+// error, or ctx ends; once ctx has ended, its error is ctx's, whatever check said, so that a
+// caller tells a timeout (errors.Is(ctx.Err(), context.DeadlineExceeded)) from a failure.
+//
+// check must make its requests with the context it is given, not with ctx: that one carries
+// ctx's cancellation but not its deadline. A request made with a context whose deadline has
+// passed, or is closer than the client's rate limiter would make it wait, is refused by the
+// limiter before it is sent ("client rate limiter Wait returned an error: rate: Wait(n=1)
+// would exceed context deadline"), and that error is no context error. Go closes a
+// context's Done channel from a goroutine of its own, a moment after the deadline: a poll
+// tick that falls on the deadline (a timeout that is a multiple of apiPollInterval) ran the
+// check in that moment, the check failed with the limiter's error while ctx.Err() was still
+// nil, and the wait reported that error instead of the timeout.
+func pollAPI(ctx context.Context, check func(ctx context.Context) (done bool, err error)) error {
+	reqCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+	err := wait.PollUntilContextCancel(ctx, apiPollInterval, true, func(context.Context) (bool, error) { return check(reqCtx) })
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
 }
 
 // sleepOrDone waits for d or until ctx ends, whichever comes first; it returns ctx's error in

@@ -2,13 +2,17 @@ package chaos
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/util/flowcontrol"
 )
 
 // fakePod is a running pod bound to node, with a UID from its name, changed by the mods.
@@ -83,5 +87,50 @@ func TestNodePodsFiltersByNode(t *testing.T) {
 	}
 	if len(got) != 2 || !got["default/here"] || !got["other/here-too"] {
 		t.Errorf("nodePods = %v, want default/here and other/here-too", got)
+	}
+}
+
+// deadlinePassed is a context in the state a timed-out context is in for a moment: its
+// deadline has passed but Go has not closed its Done channel yet (that happens in a
+// goroutine of its own, after the timer fired).
+type deadlinePassed struct{ context.Context }
+
+func (deadlinePassed) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// TestPollAPIChecksWithoutTheWaitsDeadline is the cause of TestPreemptFails/never_scheduled's
+// flakes (test/integration/chaos): a poll tick falling on the wait's deadline ran the check
+// in that moment, and the client's rate limiter refused its request with an error that is
+// no context error, which the wait then reported instead of its timeout. The check's
+// context must not carry the wait's deadline.
+func TestPollAPIChecksWithoutTheWaitsDeadline(t *testing.T) {
+	limiter := flowcontrol.NewTokenBucketRateLimiter(200, 400) // the integration tests' client
+	ctx := deadlinePassed{context.Background()}
+	if err := limiter.Wait(ctx); err == nil || !strings.Contains(err.Error(), "would exceed context deadline") {
+		t.Fatalf("the premise: the limiter refuses with the deadline passed, got %v", err)
+	}
+	calls := 0
+	err := pollAPI(ctx, func(rctx context.Context) (bool, error) {
+		calls++
+		if _, ok := rctx.Deadline(); ok {
+			t.Error("the check's context has the wait's deadline")
+		}
+		return true, limiter.Wait(rctx)
+	})
+	if err != nil || calls != 1 {
+		t.Fatalf("pollAPI = %v after %d checks, want nil after 1", err, calls)
+	}
+}
+
+// TestPollAPITimeoutIsTheContexts: once the wait's context has ended, pollAPI says so, whatever
+// the check's last error was.
+func TestPollAPITimeoutIsTheContexts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err := pollAPI(ctx, func(context.Context) (bool, error) {
+		<-ctx.Done()
+		return false, errors.New("client rate limiter Wait returned an error")
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("pollAPI = %v, want the context's deadline error", err)
 	}
 }

@@ -225,8 +225,8 @@ func evictPods(ctx context.Context, cs kubernetes.Interface, w io.Writer, pods [
 // each as it goes. When ctx ends first, the error names the pods still there.
 func awaitPodsGone(ctx context.Context, cs kubernetes.Interface, w io.Writer, node string, timeout time.Duration, pods []awaitedPod) error {
 	remaining := pods
-	err := pollAPI(ctx, func() (bool, error) {
-		now, err := nodePodsByUID(ctx, cs, node)
+	err := pollAPI(ctx, func(rctx context.Context) (bool, error) {
+		now, err := nodePodsByUID(rctx, cs, node)
 		if err != nil {
 			return false, err
 		}

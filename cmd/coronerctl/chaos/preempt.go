@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -114,7 +115,7 @@ func Preempt(ctx context.Context, cs kubernetes.Interface, w io.Writer, node str
 		return "", err
 	}
 	pod := preemptorPod(name, hostname, cpu, opts)
-	if _, err := cs.CoreV1().Pods(opts.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if err := createPreemptor(ctx, cs, pod); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return "", fmt.Errorf("preemptor pod %s/%s exists already; run `%s` first", opts.Namespace, name, undoCmd)
 		}
@@ -125,6 +126,32 @@ func Preempt(ctx context.Context, cs kubernetes.Interface, w io.Writer, node str
 		return undoCmd, err
 	}
 	return undoCmd, nil
+}
+
+// classLagRetries and classLagWait bound how long createPreemptor waits for the API
+// server's Priority admission to see a PriorityClass created a moment ago.
+const (
+	classLagRetries = 25
+	classLagWait    = 200 * time.Millisecond
+)
+
+// createPreemptor creates the preemptor pod. The API server's Priority admission plugin
+// looks the pod's PriorityClass up in its informer cache, which can lag a class created a
+// moment earlier: it then refuses the pod ("no PriorityClass with name ... was found").
+// That refusal is retried for up to 5 s; any other answer is final.
+func createPreemptor(ctx context.Context, cs kubernetes.Interface, pod *corev1.Pod) error {
+	for attempt := 0; ; attempt++ {
+		_, err := cs.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+		if err == nil || attempt >= classLagRetries || !apierrors.IsForbidden(err) ||
+			!strings.Contains(err.Error(), "no PriorityClass with name "+pod.Spec.PriorityClassName) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(classLagWait):
+		}
+	}
 }
 
 // Unpreempt deletes the preemptor pod of the node (with its own grace period, 1s) and waits
@@ -151,8 +178,8 @@ func Unpreempt(ctx context.Context, cs kubernetes.Interface, w io.Writer, node, 
 	fmt.Fprintf(w, "unpreempt: deleted %s/%s\n", namespace, name)
 	wctx, cancel := context.WithTimeout(ctx, clusterDefaultTimeout)
 	defer cancel()
-	err = pollAPI(wctx, func() (bool, error) {
-		cur, err := cs.CoreV1().Pods(namespace).Get(wctx, name, metav1.GetOptions{})
+	err = pollAPI(wctx, func(ctx context.Context) (bool, error) {
+		cur, err := cs.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return true, nil
 		}
@@ -348,13 +375,13 @@ func awaitPreemption(ctx context.Context, cs kubernetes.Interface, w io.Writer, 
 	watch := newPreemptionWatch(candidates)
 	key := podNsName(preemptor)
 	var last *corev1.Pod
-	err := pollAPI(ctx, func() (bool, error) {
-		now, err := nodePodsByUID(ctx, cs, node)
+	err := pollAPI(ctx, func(rctx context.Context) (bool, error) {
+		now, err := nodePodsByUID(rctx, cs, node)
 		if err != nil {
 			return false, err
 		}
 		watch.observe(w, now, time.Since(start))
-		cur, err := cs.CoreV1().Pods(preemptor.Namespace).Get(ctx, preemptor.Name, metav1.GetOptions{})
+		cur, err := cs.CoreV1().Pods(preemptor.Namespace).Get(rctx, preemptor.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return false, fmt.Errorf("preemptor pod %s was deleted before it was scheduled", key)
 		}

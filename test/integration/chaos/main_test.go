@@ -103,6 +103,18 @@ func (r *recorder) count(method, part string) int {
 	return n
 }
 
+// distinctPaths is how many different paths got requests of method: for POST, how many
+// objects a client tried to create, however often it retried one.
+func (r *recorder) distinctPaths(method string) int {
+	paths := map[string]bool{}
+	for _, q := range r.requests() {
+		if q.Method == method {
+			paths[q.Path] = true
+		}
+	}
+	return len(paths)
+}
+
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
@@ -206,9 +218,20 @@ func createPod(t *testing.T, cs kubernetes.Interface, ns, name string, spec podS
 	if spec.cpu != "" {
 		pod.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(spec.cpu)}
 	}
-	pod, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("creating pod %s/%s: %v", ns, name, err)
+	// The Priority admission plugin resolves priorityClassName from its informer's cache,
+	// which may not hold a PriorityClass the test has just created: it then refuses the pod
+	// ("no PriorityClass with name ... was found"). Retry until its cache has caught up.
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var created *corev1.Pod
+		created, err = cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		if err == nil {
+			pod = created
+			break
+		}
+		if spec.priorityClass == "" || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "no PriorityClass with name") || time.Now().After(deadline) {
+			t.Fatalf("creating pod %s/%s: %v", ns, name, err)
+		}
 	}
 	phase := spec.phase
 	if phase == "" {

@@ -127,6 +127,11 @@ func newFixtureFor(t *testing.T, builtin bool, cfg controller.Config) *fixture {
 		if cfg.Backoff == (backoff.Policy{}) {
 			cfg.Backoff = fastBackoff
 		}
+		if cfg.RecoveryNamespace == "" {
+			// Recovery of pods that are not of managed Jobs stays in the test's namespace:
+			// the controllers of parallel tests share the API server.
+			cfg.RecoveryNamespace = f.ns
+		}
 		if cfg.Workers == 0 {
 			cfg.Workers = 2
 		}

@@ -253,3 +253,237 @@ func TestStaleDisruptionTargetCleared(t *testing.T) {
 	f.waitFinished(job, batchv1.JobFailed, settle)
 	f.wantCounters(job, counters{Failed: 1})
 }
+
+// otherPod creates a pod the shim does not own, bound to node at creation, with the
+// annotations, and writes the Running status its kubelet would. With job, the pod is that
+// Job's (its controller, with the labels the built-in Job controller puts).
+func (f *fixture) otherPod(name, node string, annotations map[string]string, job *batchv1.Job) *corev1.Pod {
+	f.t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns, Annotations: annotations},
+		Spec: corev1.PodSpec{
+			NodeName:                      node,
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Containers:                    []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}},
+		},
+	}
+	if job != nil {
+		p.Labels = map[string]string{batchv1.ControllerUidLabel: string(job.UID), batchv1.JobNameLabel: job.Name}
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: job.Name, UID: job.UID, Controller: ptr.To(true)}}
+	}
+	created, err := f.client.CoreV1().Pods(f.ns).Create(context.Background(), p, metav1.CreateOptions{})
+	if err != nil {
+		f.t.Fatalf("creating pod %s: %v", name, err)
+	}
+	// Whatever the test leaves is force-deleted, as its kubelet would once back.
+	f.t.Cleanup(func() {
+		_ = f.client.CoreV1().Pods(f.ns).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	return f.runPod(created, true)
+}
+
+// builtinJob creates a Job of the built-in controller (no managedBy), suspended: no Job
+// controller runs here, the test makes its pod.
+func (f *fixture) builtinJob(name string) *batchv1.Job {
+	f.t.Helper()
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns},
+		Spec: batchv1.JobSpec{
+			Suspend: ptr.To(true),
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers:    []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}},
+			}},
+		},
+	}
+	job, err := f.client.BatchV1().Jobs(f.ns).Create(context.Background(), job, metav1.CreateOptions{})
+	if err != nil {
+		f.t.Fatalf("creating Job %s: %v", name, err)
+	}
+	f.t.Cleanup(func() {
+		_ = f.client.BatchV1().Jobs(f.ns).Delete(context.Background(), name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationOrphan)})
+	})
+	return job
+}
+
+// deleteGracefully deletes the pod gracefully, as the taint manager does: bound to a node, it stays
+// terminating until its kubelet (or the shim) ends it.
+func (f *fixture) deleteGracefully(p *corev1.Pod, grace int64) {
+	f.t.Helper()
+	if err := f.client.CoreV1().Pods(f.ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(grace)}); err != nil {
+		f.t.Fatalf("deleting pod %s: %v", p.Name, err)
+	}
+}
+
+// waitPodRecord waits until cond holds for the watched life of the pod.
+func (f *fixture) waitPodRecord(p *corev1.Pod, what string, cond func(r *podRecord) bool) *podRecord {
+	f.t.Helper()
+	var r *podRecord
+	waitFor(f.t, settle, "pod "+p.Name+": "+what, func() (bool, error) {
+		r = f.mirror.record(p.UID)
+		return r != nil && cond(r), nil
+	}, func() string {
+		if r == nil {
+			return "the pod was never seen"
+		}
+		return fmt.Sprintf("last seen (gone %v): phase %s, deletionTimestamp %v, grace %s, conditions %+v", r.gone, r.last.Status.Phase,
+			r.last.DeletionTimestamp, ptrStr64(r.last.DeletionGracePeriodSeconds), r.last.Status.Conditions)
+	})
+	return r
+}
+
+func ptrStr64(p *int64) string {
+	if p == nil {
+		return "nil"
+	}
+	return fmt.Sprint(*p)
+}
+
+// consistentlyPods checks for d that every pod is still there, in its phase and not
+// force-deleted.
+func (f *fixture) consistentlyPods(d time.Duration, what string, pods ...*corev1.Pod) {
+	f.t.Helper()
+	phases := map[*corev1.Pod]corev1.PodPhase{}
+	for _, p := range pods {
+		phases[p] = f.mirror.record(p.UID).last.Status.Phase
+	}
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(pollInterval) {
+		for _, p := range pods {
+			r := f.mirror.record(p.UID)
+			if r.gone || r.last.Status.Phase != phases[p] || ptr.Deref(r.last.DeletionGracePeriodSeconds, -1) == 0 ||
+				conditions.Find(&r.last.Status, conditions.ForcefullyTerminated) != nil {
+				f.t.Fatalf("%s: pod %s touched (gone %v, phase %s, grace %s, conditions %+v)", what, p.Name, r.gone, r.last.Status.Phase,
+					ptrStr64(r.last.DeletionGracePeriodSeconds), r.last.Status.Conditions)
+			}
+		}
+	}
+}
+
+// waitPodEvent waits for a Warning Event with reason on the pod whose message contains part.
+func (f *fixture) waitPodEvent(p *corev1.Pod, reason, part string) {
+	f.t.Helper()
+	var seen []string
+	waitFor(f.t, settle, fmt.Sprintf("a Warning Event %s on pod %s", reason, p.Name), func() (bool, error) {
+		list, err := f.client.CoreV1().Events(f.ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		seen = seen[:0]
+		for _, e := range list.Items {
+			if e.InvolvedObject.UID != p.UID {
+				continue
+			}
+			seen = append(seen, fmt.Sprintf("%s %s %q", e.Type, e.Reason, e.Message))
+			if e.Type == corev1.EventTypeWarning && e.Reason == reason && strings.Contains(e.Message, part) {
+				return true, nil
+			}
+		}
+		return false, nil
+	}, func() string { return "Events on the pod:\n  " + strings.Join(seen, "\n  ") })
+}
+
+// Issue 12 item 5 (Z1/Z2 as Kueue): with --recover-pods=all (the default) an opted-in pod
+// that is not of a Job coroner manages is recovered too: a built-in Job's pod opted in by
+// Kueue's annotation (in the Job pod informer) and a bare pod opted in by coroner's (in the
+// stripped informer of the other pods) are failed with the conditions and force-deleted
+// once their deletion plus the threshold has passed; a pod that is not opted in is left
+// terminating; an opted-in terminal pod being deleted on the unreachable node is
+// force-deleted at once.
+func TestZombieRecoveryOfOtherPods(t *testing.T) {
+	t.Parallel()
+	f := recoveryFixture(t)
+	node := f.node("others")
+	job := f.builtinJob("builtin")
+	ofJob := f.otherPod("of-builtin-job", node, map[string]string{conditions.AnnotationKueueSafeToForcefullyTerminate: "true"}, job)
+	bare := f.otherPod("bare", node, map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"}, nil)
+	plain := f.otherPod("plain", node, map[string]string{"example.com/other": "true"}, nil)
+	notTrue := f.otherPod("not-true", node, map[string]string{conditions.AnnotationSafeToForcefullyDelete: "yes"}, nil)
+	terminal := f.otherPod("terminal", node, map[string]string{conditions.AnnotationKueueSafeToForcefullyDelete: "true"}, nil)
+
+	f.taintUnreachable(node)
+	deleted := time.Now()
+	for _, p := range []*corev1.Pod{ofJob, bare, plain, notTrue} {
+		f.deleteGracefully(p, 1)
+	}
+	// The API server deletes a terminal pod at once; one is left terminating when it became
+	// terminal after its deletion began: its kubelet's last word before the partition, or
+	// a controller (Kueue's failure recovery) that fails pods without deleting them.
+	f.deleteGracefully(terminal, 30)
+	f.failPod(terminal, 1)
+
+	// The terminal pod goes at once: not after its 30s grace period, nor the threshold.
+	r := f.waitPodRecord(terminal, "force-deleted", func(r *podRecord) bool { return r.gone })
+	if took := time.Since(deleted); took > 15*time.Second {
+		t.Errorf("terminal pod deleted %v after its deletion, want at once", took)
+	}
+	if r.last.Status.Phase != corev1.PodFailed || conditions.Find(&r.last.Status, conditions.ForcefullyTerminated) != nil {
+		t.Errorf("terminal pod's status was written: phase %s, conditions %+v", r.last.Status.Phase, r.last.Status.Conditions)
+	}
+	f.waitPodEvent(terminal, recovery.EventReasonForcefullyDeleted, "phase Failed, being deleted on node "+node)
+
+	for _, tc := range []struct {
+		pod   *corev1.Pod
+		optIn string
+	}{{ofJob, conditions.AnnotationKueueSafeToForcefullyTerminate}, {bare, conditions.AnnotationSafeToForcefullyDelete}} {
+		r := f.waitPodRecord(tc.pod, "failed (NodeUnreachable) and force-deleted", func(r *podRecord) bool {
+			forced := r.gone || ptr.Deref(r.last.DeletionGracePeriodSeconds, -1) == 0
+			return forced && r.last.Status.Phase == corev1.PodFailed && podHasCondition(r.last, conditions.ForcefullyTerminated, conditions.ReasonNodeUnreachable)
+		})
+		if took := time.Since(deleted); took < 2*time.Second {
+			t.Errorf("pod %s recovered %v after the deletion, before grace (1s) + threshold (2s) - 1s", tc.pod.Name, took)
+		}
+		if !podHasCondition(r.last, corev1.DisruptionTarget, conditions.ReasonNodeUnreachable) {
+			t.Errorf("pod %s recovered without DisruptionTarget: %+v", tc.pod.Name, r.last.Status.Conditions)
+		}
+		msg := conditions.Find(&r.last.Status, conditions.ForcefullyTerminated).Message
+		if !strings.Contains(msg, node) || !strings.Contains(msg, tc.optIn) {
+			t.Errorf("pod %s: message %q does not name the node and %s", tc.pod.Name, msg, tc.optIn)
+		}
+		f.waitPodEvent(tc.pod, conditions.EventReasonForcefullyTerminated, msg)
+		waitFor(t, settle, "pod "+tc.pod.Name+" gone", func() (bool, error) {
+			_, err := f.client.CoreV1().Pods(f.ns).Get(context.Background(), tc.pod.Name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		}, nil)
+	}
+
+	// Not opted in (no annotation, or a value other than "true"): left terminating.
+	f.consistentlyPods(3*time.Second, "not opted in", plain, notTrue)
+}
+
+// With --recover-pods=managed, opted-in pods that are not of managed Jobs are left alone,
+// terminal or not; the pods of managed Jobs are still recovered.
+func TestZombieRecoveryNarrowedToManagedJobs(t *testing.T) {
+	t.Parallel()
+	if builtinTarget {
+		t.Skip("node-failure recovery is coroner's own")
+	}
+	f := newFixture(t, controller.Config{
+		Recovery:    recovery.Config{Threshold: 2 * time.Second, FenceMargin: time.Second, StaleAfter: 3 * time.Second, OrphanQuarantine: time.Second},
+		RecoverPods: controller.RecoverManaged,
+	})
+	node := f.node("narrowed")
+	job := f.builtinJob("builtin")
+	ofJob := f.otherPod("of-builtin-job", node, map[string]string{conditions.AnnotationKueueSafeToForcefullyTerminate: "true"}, job)
+	bare := f.otherPod("bare", node, map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"}, nil)
+	terminal := f.otherPod("terminal", node, map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"}, nil)
+	managed := f.createJob(optedInJob("managed", f.ns).PodReplacementPolicy(batchv1.Failed))
+	first := f.waitActive(managed, 1, settle)[0]
+	f.bindPod(first, node)
+	f.runPod(first, true)
+
+	f.taintUnreachable(node)
+	for _, p := range []*corev1.Pod{ofJob, bare, first} {
+		f.deleteGracefully(p, 1)
+	}
+	f.deleteGracefully(terminal, 30)
+	f.failPod(terminal, 1)
+	f.waitRecovered(managed, first, conditions.ReasonNodeUnreachable, settle)
+	// Past grace (1s) + threshold (2s) by now; watch a little longer.
+	f.consistentlyPods(3*time.Second, "--recover-pods=managed", ofJob, bare, terminal)
+
+	second := f.waitNewActive(managed, -1, f.replacementWait(1), first)
+	f.runPod(second, true)
+	f.succeedPod(second)
+	f.waitFinished(managed, batchv1.JobComplete, settle)
+}
