@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,6 +44,9 @@ const (
 	DefaultKernelWait   = 250 * time.Millisecond
 	DefaultPodCacheWait = 2 * time.Second
 	DefaultPodWaitMax   = time.Minute
+	// KernelBacklogWait bounds the wait for the kernel log's backlog at the start (see
+	// Config.KernelCaughtUp).
+	KernelBacklogWait = 5 * time.Second
 )
 
 // uidIndex indexes the pod cache by metadata.uid: containers name their pod by UID.
@@ -73,6 +77,13 @@ type Config struct {
 	// Kernel, when not nil, delivers the kernel's OOM kills (kmsg.Reader), matched to
 	// containers by cgroup and PID.
 	Kernel <-chan kmsg.OOMKill
+	// KernelCaughtUp, when not nil, is closed once Kernel has delivered (into its
+	// buffer) every kill of the kernel log's backlog, the records already in the ring
+	// buffer when the reader started (kmsg.OpenFromOldest, kmsg.Reader.CaughtUp).
+	// Until then, for at most KernelBacklogWait after the start, exits and OOM kills
+	// wait before they are classified, so that a kill logged while the agent was not
+	// running is there to attribute them. Nil: no wait.
+	KernelCaughtUp <-chan struct{}
 	// CgroupRoot is where the cgroup hierarchies are mounted (/sys/fs/cgroup); empty
 	// means do not read cgroups.
 	CgroupRoot string
@@ -149,6 +160,9 @@ type Agent struct {
 	// reasonSeen is when the agent first saw a pod's status.reason (A3's event time).
 	reasonSeen map[types.UID]time.Time
 	kernel     kernelLog
+	// kernelReady: the kernel log's backlog has been consumed (or there is none to
+	// wait for): see Config.KernelCaughtUp.
+	kernelReady bool
 	// pids is what the agent knows about whose numbering PIDs are in: its own PID
 	// namespace, the host prefix learned from the kernel's paths, evidence that the
 	// runtime's PIDs are not the kernel's (see learnLocked).
@@ -199,6 +213,8 @@ func New(cfg Config) (*Agent, error) {
 		gone:       map[types.UID]goneRecord{},
 		reasonSeen: map[types.UID]time.Time{},
 		history:    exithistory.Limits{MaxEntries: cfg.ExitHistorySize},
+		// Nothing to wait for without a kernel log or without a backlog signal.
+		kernelReady: cfg.Kernel == nil || cfg.KernelCaughtUp == nil,
 	}
 	recorder := cfg.Recorder
 	if recorder == nil {
@@ -241,15 +257,16 @@ func New(cfg Config) (*Agent, error) {
 	}
 
 	a.stamper = stamper.New(stamper.Config{
-		Patcher:     cfg.Patcher,
-		Lookup:      a.podByUID,
-		Clock:       cfg.Clock,
-		BatchPeriod: cfg.BatchPeriod,
-		RetryBase:   cfg.RetryBase,
-		RetryMax:    cfg.RetryMax,
-		History:     a.history,
-		Metrics:     cfg.Metrics,
-		Recorder:    recorder,
+		Patcher:       cfg.Patcher,
+		Lookup:        a.podByUID,
+		Clock:         cfg.Clock,
+		BatchPeriod:   cfg.BatchPeriod,
+		RetryBase:     cfg.RetryBase,
+		RetryMax:      cfg.RetryMax,
+		History:       a.history,
+		Metrics:       cfg.Metrics,
+		Recorder:      recorder,
+		RuntimeScheme: func() string { return runtimeScheme(cfg.Source) },
 	})
 
 	if cfg.Fencing != nil {
@@ -368,6 +385,18 @@ func runtimeUID(pod *corev1.Pod) types.UID {
 		return types.UID(h)
 	}
 	return pod.UID
+}
+
+// runtimeScheme is the scheme of the runtime's container IDs as the kubelet writes them
+// (the CRI runtime name: "containerd", "cri-o"), from the Source's Stats when it has
+// them; "" when not known.
+func runtimeScheme(src cri.Source) string {
+	s, ok := src.(interface{ Stats() cri.Stats })
+	if !ok {
+		return ""
+	}
+	name, _, _ := strings.Cut(s.Stats().Runtime, " ")
+	return strings.ToLower(strings.TrimSpace(name))
 }
 
 // initPIDNamespace reports whether this process is in the init PID namespace: the

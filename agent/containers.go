@@ -76,6 +76,10 @@ type container struct {
 	exitDone bool
 	// unknownCounted: an UnknownOOM verdict was counted for this container.
 	unknownCounted bool
+	// replay: the OOM kill was found in the container's cgroup counters when the agent
+	// first saw it running (see handleEvent); like an exit from before the start, it is
+	// not counted as an unknown OOM (an agent restarted again would count it again).
+	replay bool
 	// kernelWaited: the item waited once for the kernel log.
 	kernelWaited map[itemKind]bool
 	// podWait is when an item of this container first missed its pod in the cache, and
@@ -122,6 +126,7 @@ func (a *Agent) handleEvent(ev cri.ContainerEvent) {
 	now := a.clock.Now()
 	a.mu.Lock()
 	c := a.containers[ev.ContainerID]
+	firstSeen := c == nil
 	if c == nil {
 		c = &container{kernelWaited: map[itemKind]bool{}, podWait: map[itemKind]time.Time{}}
 		a.containers[ev.ContainerID] = c
@@ -152,8 +157,22 @@ func (a *Agent) handleEvent(ev cri.ContainerEvent) {
 		if c.podAtStart == nil {
 			c.podAtStart = pm
 		}
-		a.observe(ev, classify.ContainerState{Name: ev.ContainerName, State: classify.StateRunning})
+		a.observe(ev, classify.ContainerState{Name: ev.ContainerName, State: classify.StateRunning,
+			ContainerID: ev.ContainerID, StartedAt: ev.StartedAt})
+		// A container first seen running whose own cgroup has already counted an OOM
+		// kill (its counters start at 0 with it) was OOM-killed, in a process that was
+		// not its main one, while nobody was looking: the agent was not running yet, or
+		// its runtime watch was cut. Classified as an OOM event of its own.
+		missed := firstSeen && m != nil && oomCounted(*m)
+		if missed {
+			c.last = m
+			c.ooms = append(c.ooms, now)
+			c.replay = true
+		}
 		a.mu.Unlock()
+		if missed {
+			a.queue.Add(item{kind: itemOOM, id: ev.ContainerID})
+		}
 	case cri.OOM:
 		m, pm := a.readCgroup(cgPath), a.readCgroup(podPath)
 		a.mu.Lock()
@@ -183,10 +202,17 @@ func (a *Agent) handleEvent(ev cri.ContainerEvent) {
 			c.podLast = pm
 		}
 		a.observe(ev, classify.ContainerState{Name: ev.ContainerName, State: classify.StateExited,
-			ExitCode: ev.ExitCode, FinishedAt: ev.FinishedAt})
+			ExitCode: ev.ExitCode, FinishedAt: ev.FinishedAt, ContainerID: ev.ContainerID, Reason: ev.Reason,
+			StartedAt: ev.StartedAt, Attempt: int32(ev.Attempt)})
 		a.mu.Unlock()
 		a.queue.Add(item{kind: itemExit, id: ev.ContainerID})
 	}
+}
+
+// oomCounted reports whether a cgroup's counters show an OOM kill of one of its
+// processes since the cgroup was created.
+func oomCounted(m cgroup.Memory) bool {
+	return m.OOMKill > 0 || m.OOMGroupKill > 0 || m.Version == cgroup.V2 && m.OOM > 0
 }
 
 // observe records a container's state for its pod, unless a later attempt of the same
@@ -356,23 +382,66 @@ func (k *kernelLog) all() []kmsg.OOMKill {
 
 // consumeKernel keeps the kernel's OOM kills until ctx is done. (An OOM kill whose line
 // has not been read yet when it is classified waits for it once: see Config.KernelWait.)
+// When Config.KernelCaughtUp is closed, the kills already buffered (the rest of the
+// backlog) are taken at once, then the agent is kernelReady.
 func (a *Agent) consumeKernel(ctx context.Context) {
+	caughtUp := a.cfg.KernelCaughtUp
+	var backlog int
+	defer a.setKernelReady()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-caughtUp:
+			caughtUp = nil
+			for drained := false; !drained; {
+				select {
+				case k, ok := <-a.cfg.Kernel:
+					if !ok {
+						return
+					}
+					a.addKill(k)
+					backlog++
+				default:
+					drained = true
+				}
+			}
+			a.setKernelReady()
+			a.logger.Info("Read the kernel log's backlog", "oomKills", backlog)
 		case k, ok := <-a.cfg.Kernel:
 			if !ok {
 				return
 			}
-			a.mu.Lock()
-			a.kernel.add(k, a.clock.Now())
-			a.learnLocked(k)
-			a.mu.Unlock()
-			a.logger.V(2).Info("Kernel OOM kill", "pid", k.PID, "task", k.Task, "scope", k.Scope.String(),
-				"oomMemcg", k.OOMMemcg, "taskMemcg", k.TaskMemcg)
+			a.addKill(k)
+			if caughtUp != nil {
+				backlog++
+			}
 		}
 	}
+}
+
+func (a *Agent) addKill(k kmsg.OOMKill) {
+	a.mu.Lock()
+	a.kernel.add(k, a.clock.Now())
+	a.learnLocked(k)
+	a.mu.Unlock()
+	a.logger.V(2).Info("Kernel OOM kill", "pid", k.PID, "task", k.Task, "scope", k.Scope.String(),
+		"oomMemcg", k.OOMMemcg, "taskMemcg", k.TaskMemcg, "time", k.Time)
+}
+
+func (a *Agent) setKernelReady() {
+	a.mu.Lock()
+	a.kernelReady = true
+	a.mu.Unlock()
+}
+
+// waitKernelBacklog reports whether a classification should wait for the kernel log's
+// backlog: it has not been consumed yet, and the start was less than
+// KernelBacklogWait ago.
+func (a *Agent) waitKernelBacklog(now time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return !a.kernelReady && now.Sub(a.started) < KernelBacklogWait
 }
 
 // learnLocked learns from a kernel kill that names one of the node's containers by its

@@ -55,6 +55,34 @@
 // DisruptionTarget on a pod that goes on running would claim a disruption that is not
 // happening.
 //
+// # Restarts and gaps
+//
+// Nothing that died while the agent was not looking (stopped, OOM-killed itself,
+// rolled to a new image; or its runtime watch cut) is missed, and nothing is stamped
+// twice:
+//
+//   - the runtime's exits: the watcher's first relist (and the relist after every
+//     reconnect) emits every exited container the runtime still has, with its CRI
+//     status (exit code, reason, finishedAt), and they are classified like any other;
+//   - the kernel's kills: /dev/kmsg is read from its oldest record
+//     (kmsg.OpenFromOldest), the record times turned into wall-clock times with the
+//     boot time; until the backlog has been read (Config.KernelCaughtUp, at most
+//     KernelBacklogWait after the start) exits and OOM kills wait, so that the kill
+//     line of an exit from before the start places it (the container's cgroup is gone
+//     by then);
+//   - the memory cgroups' counters: a container first seen running whose own cgroup
+//     has already counted an OOM kill (its counters start at 0 with it) had a process
+//     OOM-killed unseen, and is classified as an OOM event;
+//   - once only: a condition already True is not stamped again, a terminal phase is
+//     never written over, and the exit history identifies an exit by its container,
+//     restart count and finish time, so an exit recorded before the restart gets no
+//     second entry. Exits from before the start are not counted as unknown OOMs (an
+//     earlier run may have counted them).
+//
+// What is gone is gone: a container the kubelet removed while the agent was down (it
+// keeps the last exited instance of each container), or a kill line overwritten in the
+// ring buffer.
+//
 // # Nested nodes and shared kernels
 //
 // On kind and other nested nodes the kernel prints every cgroup path with the node
@@ -79,7 +107,10 @@
 // exit of one of its containers, and again at the RecheckAt it returns (the end of
 // --phase-grace). The runtime's word on the pod's containers (the agent's observed
 // states) takes precedence over the pod's status, so a pod whose kubelet is slow or
-// gone still gets its phase.
+// gone still gets its phase; and the phase carries the runtime's exits (exit code,
+// reason, startedAt, finishedAt, containerID) into the container statuses that still
+// say running or waiting, or lack the container, never over a terminated state the
+// kubelet wrote, so that an onExitCodes rule matches (classify.TerminatedStatuses).
 //
 // # Writes
 //

@@ -65,6 +65,12 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 	}
 
 	now := a.clock.Now()
+	if a.waitKernelBacklog(now) {
+		// The kernel log's backlog is being read: it may hold this container's kill,
+		// logged before the agent started.
+		a.queue.AddAfter(it, 50*time.Millisecond)
+		return
+	}
 	a.mu.Lock()
 	facts := a.factsLocked(c, it.kind)
 	waited := c.kernelWaited[it.kind]
@@ -91,9 +97,11 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 		x := *c.exit
 		c.exitDone, c.doneAt = true, now
 		c.oomHandled = len(c.ooms)
-		// An exit from before the agent started (the first relist replays them) has
-		// lost its evidence (the kernel log is read from the agent's start, the cgroup
-		// is gone): it is not counted as an OOM kill nobody could place.
+		// An exit from before the agent started (the first relist replays them) is
+		// classified like any other: the runtime's reason, and the kernel's kill line,
+		// read from the oldest record of the ring buffer (Config.KernelCaughtUp), place
+		// it; its cgroup is gone. It is not counted as an OOM kill nobody could place:
+		// an earlier run of the agent may have counted it already.
 		replay := !x.FinishedAt.IsZero() && x.FinishedAt.Before(a.started)
 		countUnknown := v.Kind == classify.UnknownOOM && !c.unknownCounted && !replay
 		c.unknownCounted = c.unknownCounted || countUnknown
@@ -128,7 +136,7 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 		first := c.ooms[c.oomHandled]
 		last := c.ooms[len(c.ooms)-1]
 		c.oomHandled = len(c.ooms)
-		countUnknown := v.Kind == classify.UnknownOOM && !c.unknownCounted
+		countUnknown := v.Kind == classify.UnknownOOM && !c.unknownCounted && !c.replay
 		c.unknownCounted = c.unknownCounted || countUnknown
 		a.mu.Unlock()
 		if countUnknown {

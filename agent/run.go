@@ -36,7 +36,8 @@ const (
 // Run runs coroner-agent until ctx is done: the Agent on the runtime at
 // opts.RuntimeEndpoint, or the one found among cri.DefaultSockets (under
 // opts.RuntimeHostPrefix) when it is "auto" or empty (cri.Watcher), the kernel log at
-// opts.KmsgPath, and /metrics, /healthz and /readyz on opts.MetricsAddress ("0": off).
+// opts.KmsgPath (from its oldest record: kills logged while the agent was not running
+// place the exits the first relist replays), and /metrics, /healthz and /readyz on opts.MetricsAddress ("0": off).
 // opts must be valid (Validate).
 //
 // Without opts.Fencing it fails at once, with an error that says so, when the API server
@@ -101,11 +102,12 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	})
 
 	var kernel chan kmsg.OOMKill
+	var kernelCaughtUp <-chan struct{}
 	if opts.KmsgPath != "" {
-		if k, err := startKernelLog(ctx, opts.KmsgPath); err != nil {
+		if k, up, err := startKernelLog(ctx, opts.KmsgPath); err != nil {
 			logger.Error(err, "Cannot read the kernel log; OOM kills are classified without the kernel's reports", "path", opts.KmsgPath)
 		} else {
-			kernel = k
+			kernel, kernelCaughtUp = k, up
 		}
 	}
 	cgroupRoot := opts.CgroupRoot
@@ -141,6 +143,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		Client:          client,
 		Source:          watcher,
 		Kernel:          kernel,
+		KernelCaughtUp:  kernelCaughtUp,
 		CgroupRoot:      cgroupRoot,
 		PhaseGrace:      opts.PhaseGrace,
 		ExitHistorySize: opts.ExitHistorySize,
@@ -183,11 +186,13 @@ func checkServer(ctx context.Context, client kubernetes.Interface) error {
 	return nil
 }
 
-// startKernelLog opens the kernel log and sends its OOM kills until ctx is done.
-func startKernelLog(ctx context.Context, path string) (chan kmsg.OOMKill, error) {
-	f, err := kmsg.Open(path)
+// startKernelLog opens the kernel log at its oldest record and sends its OOM kills until
+// ctx is done; the channel returned second is closed once the backlog (the kills logged
+// before the start, while the agent was not running) has been sent.
+func startKernelLog(ctx context.Context, path string) (chan kmsg.OOMKill, <-chan struct{}, error) {
+	f, err := kmsg.OpenFromOldest(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	boot, err := kmsg.BootTime(time.Now())
 	if err != nil {
@@ -201,8 +206,8 @@ func startKernelLog(ctx context.Context, path string) (chan kmsg.OOMKill, error)
 			logger.Error(err, "Reading the kernel log stopped; OOM kills are classified without the kernel's reports from now on", "path", path)
 		}
 	}()
-	logger.Info("Reading the kernel log for OOM kills", "path", path)
-	return out, nil
+	logger.Info("Reading the kernel log for OOM kills, from its oldest record", "path", path)
+	return out, r.CaughtUp(), nil
 }
 
 // serve listens on addr (synchronously, so that a bad address fails Run) and serves mux

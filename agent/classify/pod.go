@@ -64,6 +64,15 @@ type ContainerState struct {
 	State      RunState
 	ExitCode   int32
 	FinishedAt time.Time
+	// ContainerID (the runtime's, without a scheme), Reason (the runtime's:
+	// "Error", "OOMKilled", "Completed"), StartedAt and Attempt (the CRI
+	// attempt, the kubelet's restart count) are the runtime's word on an
+	// exited container, written into the pod's container statuses with a
+	// terminal phase (TerminatedStatuses); empty when not known.
+	ContainerID string
+	Reason      string
+	StartedAt   time.Time
+	Attempt     int32
 }
 
 // ContainerStatesFromPod reads the containers' states (app and init) from
@@ -139,6 +148,10 @@ type PodDecision struct {
 // if that is later); until then the decision is RecheckAt. A static pod's
 // mirror pod is left alone: the kubelet owns it.
 //
+// The phase stamp carries the runtime's exits that the pod's container
+// statuses lack (Stamp.Terminated): with the kubelet gone, they still say
+// running, and an onExitCodes rule could not match the exit code.
+//
 // The kubelet's word wins: a pod already Failed or Succeeded never gets a
 // phase, and a DisruptionTarget already True is never replaced.
 func StampsForPod(pod *corev1.Pod, observed []ContainerState, now time.Time, grace time.Duration) PodDecision {
@@ -201,7 +214,7 @@ func StampsForPod(pod *corev1.Pod, observed []ContainerState, now time.Time, gra
 		why = fmt.Sprintf("the pod is being deleted and all its containers have stopped, but its phase is still %s", phaseOf(pod))
 	}
 	s := Stamp{Kind: KindTerminalPhase, Reason: string(phase), Phase: phase, Condition: cond,
-		Message: fmt.Sprintf("phase %s: %s", phase, why)}
+		Message: fmt.Sprintf("phase %s: %s", phase, why), Terminated: exitsToWrite(pod, observed)}
 	if cond != nil {
 		s.Kind, s.Reason = KindTerminationByKubelet, reason
 	}

@@ -172,6 +172,14 @@ func TestStampsForPod(t *testing.T) {
 			observed: []ContainerState{{Name: "main", State: StateExited, ExitCode: 143, FinishedAt: t1}},
 			now:      later,
 			want: PodDecision{Stamps: []Stamp{{Kind: KindTerminalPhase, Reason: "Failed", Phase: corev1.PodFailed,
+				Message:    "phase Failed: the pod is being deleted and all its containers have stopped, but its phase is still Running",
+				Terminated: []ContainerState{{Name: "main", State: StateExited, ExitCode: 143, FinishedAt: t1}}}}},
+		},
+		"deleted, the kubelet's status already says terminated: the phase carries no exit": {
+			pod:      pod(exitedAt(running(), 143, t1), deletedAt(t1.Add(25*time.Second), 30)),
+			observed: []ContainerState{{Name: "main", State: StateExited, ExitCode: 143, FinishedAt: t1, ContainerID: "abc"}},
+			now:      later,
+			want: PodDecision{Stamps: []Stamp{{Kind: KindTerminalPhase, Reason: "Failed", Phase: corev1.PodFailed,
 				Message: "phase Failed: the pod is being deleted and all its containers have stopped, but its phase is still Running"}}},
 		},
 		"deleted while creating the container: unknown, wait": {

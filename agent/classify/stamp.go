@@ -62,6 +62,14 @@ type Stamp struct {
 	Condition  *corev1.PodCondition
 	Phase      corev1.PodPhase
 	Annotation *Annotation
+	// Terminated, with Phase, are the runtime's exits of containers whose
+	// status in the pod does not say terminated yet (missing, running or
+	// waiting): they are written as terminated states into the pod's
+	// container statuses in the same write as the phase
+	// (TerminatedStatuses, recomputed against the pod as it is then), so that
+	// an onExitCodes rule matches the exit code of a pod the kubelet could
+	// not finish. Never over a terminated state the kubelet wrote.
+	Terminated []ContainerState
 	// Message says what and why, for the log and the Stamped Event.
 	Message string
 }
@@ -202,20 +210,22 @@ func oomField(k OOMKind) string {
 
 // restartsInPlace reports whether exits of the named container are kept in
 // the exit history: the pod is neither being deleted nor terminal, and its
-// restartPolicy is OnFailure or Always, or the container (an app container
-// or an ordinary init container) has a restartPolicy of its own.
+// restartPolicy is OnFailure or Always, or the container has a restartPolicy
+// of its own: an app container's (container restart rules), or a native
+// sidecar's (an init container with restartPolicy Always, which the kubelet
+// restarts in place whatever the pod's restartPolicy, Never included).
 func restartsInPlace(pod *corev1.Pod, name string) bool {
 	if pod.DeletionTimestamp != nil || conditions.IsTerminalPhase(pod.Status.Phase) {
 		return false
 	}
-	c, init, ok := findContainer(pod, name)
+	c, _, ok := findContainer(pod, name)
 	if !ok {
 		return false
 	}
 	if pod.Spec.RestartPolicy == corev1.RestartPolicyOnFailure || pod.Spec.RestartPolicy == corev1.RestartPolicyAlways {
 		return true
 	}
-	return c.RestartPolicy != nil && !(init && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways)
+	return c.RestartPolicy != nil
 }
 
 // ContainerWillRestart reports whether the kubelet restarts the named

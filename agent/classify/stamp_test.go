@@ -193,7 +193,7 @@ func TestStampsForExit(t *testing.T) {
 			want: []Stamp{{Kind: KindExitHistory, Reason: "Recorded", Annotation: hist(entry(1, 0, "")),
 				Message: "exit 1 of container main recorded in coroner.dev/exit-history"}},
 		},
-		"a sidecar's exit in a Never pod: no history": {
+		"a native sidecar's exit in a Never pod: history (the kubelet restarts it in place)": {
 			pod: func() *corev1.Pod {
 				p := neverPod().Obj()
 				p.Spec.InitContainers = []corev1.Container{{Name: "proxy", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways)}}
@@ -201,6 +201,30 @@ func TestStampsForExit(t *testing.T) {
 			}(),
 			verdict: Verdict{Kind: NotOOM},
 			exit:    Exit{Container: "proxy", ExitCode: 1, RestartCount: 0, FinishedAt: finished},
+			want: []Stamp{{Kind: KindExitHistory, Reason: "Recorded",
+				Annotation: hist(exithistory.Entry{Container: "proxy", ExitCode: 1, FinishedAt: finished, RestartCount: 0}),
+				Message:    "exit 1 of container proxy recorded in coroner.dev/exit-history"}},
+		},
+		"a native sidecar's node OOM kill in a Never pod: history only, no DisruptionTarget (it restarts in place)": {
+			pod: func() *corev1.Pod {
+				p := neverPod().Obj()
+				p.Spec.InitContainers = []corev1.Container{{Name: "proxy", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways)}}
+				return p
+			}(),
+			verdict: Verdict{Kind: NodeOOM},
+			exit:    Exit{Container: "proxy", ExitCode: 137, Reason: "OOMKilled", RestartCount: 2, FinishedAt: finished},
+			want: []Stamp{{Kind: KindExitHistory, Reason: "Recorded",
+				Annotation: hist(exithistory.Entry{Container: "proxy", ExitCode: 137, Reason: "OOMKilled", FinishedAt: finished, RestartCount: 2, OOM: exithistory.OOMNode}),
+				Message:    "exit 137 of container proxy recorded in coroner.dev/exit-history"}},
+		},
+		"an ordinary init container's exit in a Never pod: no history": {
+			pod: func() *corev1.Pod {
+				p := neverPod().Obj()
+				p.Spec.InitContainers = []corev1.Container{{Name: "setup"}}
+				return p
+			}(),
+			verdict: Verdict{Kind: NotOOM},
+			exit:    Exit{Container: "setup", ExitCode: 1, RestartCount: 0, FinishedAt: finished},
 		},
 		"an exit of a container not in the spec: no history": {
 			pod:     restartingPod(corev1.RestartPolicyAlways).Obj(),

@@ -38,7 +38,7 @@
 // dropping the oldest first: annotations share a 256 KiB budget per object
 // with everything else on the pod, and a crash-looping container must not
 // grow its pod without end. An exit is identified by its container and
-// restart count (or, when either count is unknown, its finish time), so the
+// restart count and finish time (either alone when the other is unknown), so the
 // agent can record what it observes as often as it observes it (a relist, a
 // restart of the agent): observing the same exit again changes nothing.
 package exithistory
@@ -269,10 +269,14 @@ func sameExit(a, b Entry) bool {
 	if a.Container != b.Container {
 		return false
 	}
+	bothFinished := !a.FinishedAt.IsZero() && !b.FinishedAt.IsZero()
 	switch {
 	case a.RestartCount >= 0 && b.RestartCount >= 0:
-		return a.RestartCount == b.RestartCount
-	case !a.FinishedAt.IsZero() && !b.FinishedAt.IsZero():
+		// The kubelet's restart count can start again from 0 (a new sandbox after the
+		// old containers were garbage-collected): with both finish times known, they
+		// must agree too.
+		return a.RestartCount == b.RestartCount && (!bothFinished || a.FinishedAt.Equal(b.FinishedAt))
+	case bothFinished:
 		return a.FinishedAt.Equal(b.FinishedAt)
 	default:
 		return a.ExitCode == b.ExitCode && a.Reason == b.Reason

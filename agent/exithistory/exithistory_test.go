@@ -124,6 +124,17 @@ func TestAppend(t *testing.T) {
 			exit:    exit("main", 2, 1, at(30).Add(400*time.Millisecond)),
 			want:    []Entry{exit("main", 2, 1, at(30))},
 		},
+		"an exit recorded before an agent restart, observed again: no duplicate": {
+			current: format(t, exit("main", 137, 0, at(0)), exit("main", 1, 1, at(30))),
+			exit:    exit("main", 137, 0, at(0)),
+			want:    []Entry{exit("main", 137, 0, at(0)), exit("main", 1, 1, at(30))},
+		},
+		"the same restart count with another finish time is another exit (restart counts began again)": {
+			current:     format(t, exit("main", 1, 0, at(0))),
+			exit:        exit("main", 2, 0, at(40)),
+			want:        []Entry{exit("main", 1, 0, at(0)), exit("main", 2, 0, at(40))},
+			wantChanged: true,
+		},
 		"same restart count of another container is another exit": {
 			current:     format(t, exit("main", 1, 0, at(0))),
 			exit:        exit("sidecar", 1, 0, at(1)),

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -19,20 +20,35 @@ const DevKmsg = "/dev/kmsg"
 
 // Open opens the kernel log device (DevKmsg) for reading, non-blocking, and
 // seeks to its end: a Reader over it sees only records logged from now on,
-// never the OOM kills already in the ring buffer before the agent started
-// (those happened to containers whose exits the agent did not see either).
+// never the OOM kills already in the ring buffer. The agent uses
+// OpenFromOldest instead, to attribute kills that happened while it was not
+// running.
 //
 // Reading /dev/kmsg needs CAP_SYSLOG when kernel.dmesg_restrict is 1. Go
 // registers the descriptor with its poller, so a read waits without holding
 // a thread and Close makes a waiting read return.
 func Open(name string) (*os.File, error) {
+	return open(name, io.SeekEnd)
+}
+
+// OpenFromOldest opens the kernel log device as Open does, but positioned at
+// the oldest record still in the kernel's ring buffer (SEEK_SET 0): a Reader
+// over it first reads the backlog, the OOM kills logged before it was opened
+// (for instance while the agent was restarting: its kill line may be the only
+// evidence of whose limit it was), then follows new records. A Reader closes
+// CaughtUp once it has read the backlog.
+func OpenFromOldest(name string) (*os.File, error) {
+	return open(name, io.SeekStart)
+}
+
+func open(name string, whence int) (*os.File, error) {
 	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := f.Seek(0, io.SeekEnd); err != nil {
+	if _, err := f.Seek(0, whence); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("kmsg: seeking to the end of %s: %w", name, err)
+		return nil, fmt.Errorf("kmsg: seeking in %s: %w", name, err)
 	}
 	return f, nil
 }
@@ -85,16 +101,37 @@ type Reader struct {
 	// its poller. Default 200ms.
 	PollInterval time.Duration
 
-	asm     Assembler
-	lost    atomic.Uint64
-	records atomic.Uint64
+	// BacklogIdle is how long a read of a descriptor with read deadlines
+	// (/dev/kmsg registered with Go's poller) may find no record before the
+	// backlog is taken as read (CaughtUp). Default 50ms.
+	BacklogIdle time.Duration
+
+	asm      Assembler
+	lost     atomic.Uint64
+	records  atomic.Uint64
+	caughtUp chan struct{}
+	upOnce   sync.Once
 }
 
 // NewReader returns a Reader of r. bootTime (see BootTime) turns kernel
 // timestamps into OOMKill.Time; when zero, OOMKill.Time is left zero.
 func NewReader(r io.Reader, bootTime time.Time) *Reader {
-	return &Reader{r: r, bootTime: bootTime, PollInterval: 200 * time.Millisecond}
+	return &Reader{r: r, bootTime: bootTime, PollInterval: 200 * time.Millisecond, BacklogIdle: 50 * time.Millisecond,
+		caughtUp: make(chan struct{})}
 }
+
+// CaughtUp is closed once Run has read every record that was there when it
+// started (the backlog of a descriptor from OpenFromOldest) and sent its OOM
+// kills on out: when a read found no record (EAGAIN, or no record within
+// BacklogIdle on a descriptor with read deadlines), at the end of the input,
+// or when Run returned. A receiver that sees it closed and then drains what
+// is buffered in out has every kill of the backlog.
+func (r *Reader) CaughtUp() <-chan struct{} { return r.caughtUp }
+
+func (r *Reader) markCaughtUp() { r.upOnce.Do(func() { close(r.caughtUp) }) }
+
+// deadliner is a reader with read deadlines (an *os.File the poller knows).
+type deadliner interface{ SetReadDeadline(time.Time) error }
 
 // Lost returns how many times records were overwritten in the kernel's ring
 // buffer before they could be read (EPIPE from /dev/kmsg): OOM kills in them
@@ -124,6 +161,17 @@ func (r *Reader) Run(ctx context.Context, out chan<- OOMKill) error {
 		}
 	})
 	defer stop()
+	defer r.markCaughtUp()
+	// While the backlog is read, every read has a deadline BacklogIdle away: a
+	// read that finds no record in that time means the backlog is done.
+	dl, backlog := r.r.(deadliner)
+	caughtUp := func() {
+		if backlog {
+			backlog = false
+			_ = dl.SetReadDeadline(time.Time{})
+		}
+		r.markCaughtUp()
+	}
 
 	emit := func(kills []OOMKill) error {
 		for _, k := range kills {
@@ -144,6 +192,11 @@ func (r *Reader) Run(ctx context.Context, out chan<- OOMKill) error {
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if backlog {
+			if err := dl.SetReadDeadline(time.Now().Add(r.BacklogIdle)); err != nil {
+				backlog = false // no deadlines on this descriptor: EAGAIN or EOF tell
+			}
 		}
 		n, err := r.r.Read(buf)
 		if n > 0 {
@@ -171,7 +224,10 @@ func (r *Reader) Run(ctx context.Context, out chan<- OOMKill) error {
 			if err := emit(r.asm.Flush()); err != nil {
 				return err
 			}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			caughtUp()
 		case errors.Is(err, syscall.EAGAIN):
+			caughtUp()
 			t := time.NewTimer(r.PollInterval)
 			select {
 			case <-t.C:

@@ -234,6 +234,28 @@ func TestDevice(t *testing.T) {
 	}
 	w.Close()
 
+	// From the oldest record: the line just written is in the backlog, and the
+	// backlog is read to its end (CaughtUp) without waiting for a new record.
+	old, err := OpenFromOldest(DevKmsg)
+	if err != nil {
+		t.Fatalf("OpenFromOldest() = %v", err)
+	}
+	ord := NewReader(old, boot)
+	octx, ocancel := context.WithCancel(context.Background())
+	odone := make(chan error, 1)
+	go func() { odone <- ord.Run(octx, make(chan OOMKill, 4096)) }()
+	select {
+	case <-ord.CaughtUp():
+		if ord.Records() == 0 {
+			t.Error("OpenFromOldest: no record in the backlog, not even the one just written")
+		}
+		t.Logf("backlog: %d records", ord.Records())
+	case <-time.After(10 * time.Second):
+		t.Error("OpenFromOldest: the backlog was not read to its end within 10s")
+	}
+	ocancel()
+	<-odone
+
 	deadline := time.Now().Add(5 * time.Second)
 	for rd.Records() == 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)

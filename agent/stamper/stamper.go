@@ -19,6 +19,9 @@
 //     RetryBase doubled per failure up to RetryMax, recomputed from the pod as then
 //     known (new stamps of the pod join in). A pod that is gone (404, or its UID
 //     changed) drops its stamps.
+//   - A terminal phase carries the runtime's exits its stamp has (Stamp.Terminated)
+//     into the container statuses, in the same patch, never over a terminated state
+//     the kubelet wrote.
 //   - It never deletes a pod and never writes a pod the Lookup does not know (the
 //     agent's cache holds only pods of its own node).
 //
@@ -98,6 +101,10 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Recorder emits a Stamped Event per stamp written; nil emits none.
 	Recorder record.EventRecorder
+	// RuntimeScheme returns the container runtime's name ("containerd", "cri-o"), the
+	// scheme of the container IDs written with a terminal phase (Stamp.Terminated);
+	// nil or "" means the scheme of the pod's own container IDs.
+	RuntimeScheme func() string
 }
 
 // Stamper batches and writes stamps. Create it with New, feed it with Add, and run it
@@ -509,7 +516,18 @@ func (s *Stamper) apply(ctx context.Context, pod *corev1.Pod, w work) (written, 
 		for _, c := range others {
 			all = append(all, c.cond)
 		}
-		changed, err := conditions.EnsurePodPhase(ctx, s.cfg.Patcher, pod, phase.Stamp.Phase, now, all...)
+		var changed bool
+		var err error
+		if len(phase.Stamp.Terminated) > 0 {
+			// The runtime's exits go with the phase into the container statuses.
+			var scheme string
+			if s.cfg.RuntimeScheme != nil {
+				scheme = s.cfg.RuntimeScheme()
+			}
+			changed, err = ensurePhaseWithExits(ctx, s.cfg.Patcher, pod, phase.Stamp.Phase, phase.Stamp.Terminated, scheme, now, all...)
+		} else {
+			changed, err = conditions.EnsurePodPhase(ctx, s.cfg.Patcher, pod, phase.Stamp.Phase, now, all...)
+		}
 		if err != nil {
 			return nil, append([]Request{*phase}, pending(0)...), err
 		}

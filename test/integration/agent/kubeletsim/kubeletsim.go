@@ -162,13 +162,20 @@ func (p *Pod) SandboxAnnotations(ctx context.Context) (map[string]string, error)
 // StartContainer creates and starts the named container of the pod's spec (attempt 0)
 // with the kubelet's labels and annotations, and returns its id.
 func (p *Pod) StartContainer(ctx context.Context, name string) (string, error) {
+	return p.StartAttempt(ctx, name, 0)
+}
+
+// StartAttempt creates and starts the named container of the pod's spec as the kubelet
+// does after attempt restarts (CRI metadata attempt, the restartCount annotation, the
+// log file <name>_<attempt>.log), and returns its id.
+func (p *Pod) StartAttempt(ctx context.Context, name string, attempt uint32) (string, error) {
 	c, ok := p.specs[name]
 	if !ok {
 		return "", fmt.Errorf("pod %s has no container %q", p.Object.Name, name)
 	}
 	o := p.Object
 	cfg := &runtimeapi.ContainerConfig{
-		Metadata: &runtimeapi.ContainerMetadata{Name: c.Name},
+		Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: attempt},
 		Image:    &runtimeapi.ImageSpec{Image: images.BusyboxName},
 		Command:  c.Command,
 		Args:     c.Args,
@@ -179,10 +186,10 @@ func (p *Pod) StartContainer(ctx context.Context, name string) (string, error) {
 			containerd.LabelPodUID:        string(o.UID),
 		},
 		Annotations: map[string]string{
-			"io.kubernetes.container.restartCount":           "0",
+			"io.kubernetes.container.restartCount":           fmt.Sprint(attempt),
 			"io.kubernetes.container.terminationMessagePath": "/dev/termination-log",
 		},
-		LogPath: c.Name + "_0.log",
+		LogPath: fmt.Sprintf("%s_%d.log", c.Name, attempt),
 		Linux: &runtimeapi.LinuxContainerConfig{
 			Resources: &runtimeapi.LinuxContainerResources{CpuShares: 2, MemoryLimitInBytes: c.MemoryLimit},
 			SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
@@ -267,6 +274,28 @@ func (p *Pod) WriteTerminated(ctx context.Context, phase corev1.PodPhase, contai
 			StartedAt:   metav1.NewTime(nanos(st.GetStartedAt())),
 			FinishedAt:  metav1.NewTime(nanos(st.GetFinishedAt())),
 			ContainerID: "containerd://" + st.GetId(),
+		}},
+	}}
+	return p.node.Client.CoreV1().Pods(cur.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{FieldManager: "kubelet"})
+}
+
+// WriteRunning plays the kubelet's status write for a pod whose container runs: phase
+// Running and the container's running state, with its container ID.
+func (p *Pod) WriteRunning(ctx context.Context, container string, st *runtimeapi.ContainerStatus) (*corev1.Pod, error) {
+	cur, err := p.Get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cur.Status.Phase = corev1.PodRunning
+	cur.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name:         container,
+		Image:        images.BusyboxName,
+		ContainerID:  "containerd://" + st.GetId(),
+		Ready:        true,
+		Started:      ptr(true),
+		RestartCount: int32(st.GetMetadata().GetAttempt()),
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{
+			StartedAt: metav1.NewTime(nanos(st.GetStartedAt())),
 		}},
 	}}
 	return p.node.Client.CoreV1().Pods(cur.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{FieldManager: "kubelet"})
