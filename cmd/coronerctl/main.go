@@ -35,9 +35,11 @@ death (exit codes, OOM class, disruption reason), the podFailurePolicy rule that
 and what that did to the Job; then the Job's per-index state and failure counts.`
 
 const checkSummary = `coronerctl check -f job.yaml: validates the Jobs (and CronJobs) of a manifest offline with
-the API server's rules for failure handling, plus coroner's lints. Prints one line per
-finding (severity, field path, message); exits 1 on any error or warning, 0 otherwise
-(hints do not fail).`
+the API server's rules for failure handling, plus coroner's lints. -f takes files, directories
+(-R to recurse) and - for stdin; Lists (kubectl get -o yaml) are checked item by item.
+Prints one line per finding (severity, field path, message), a hint shared by several Jobs
+once at the end; exits 0 when there are only hints, 1 on any error or warning, 2 when the
+command line names nothing to check.`
 
 func main() {
 	fs := pflag.NewFlagSet("coronerctl", pflag.ContinueOnError)
@@ -71,7 +73,11 @@ func main() {
 		if cfs.NArg() > 0 {
 			cli.Fail(cfs.Name(), fmt.Errorf("unexpected argument %q; name files with -f", cfs.Arg(0)))
 		}
-		exit(cfs.Name(), opts.Run(os.Stdout, os.Stdin))
+		err := opts.Run(os.Stdout, os.Stdin)
+		if check.IsUsage(err) {
+			cli.Fail(cfs.Name(), err)
+		}
+		exit(cfs.Name(), err)
 	case "chaos":
 		opts := chaos.NewOptions()
 		cfs := pflag.NewFlagSet("coronerctl chaos", pflag.ContinueOnError)

@@ -21,7 +21,8 @@ const sigkill = 137
 
 // lint returns coroner's own findings about a defaulted Job spec: Jobs the API server
 // accepts but that will not behave as their author probably expects with coroner.
-// managedBy is the value that hands a Job to coroner-shim.
+// managedBy is the value that hands a Job to coroner-shim. The opt-in annotations, which
+// are not in the spec, are lintOptIn's.
 func lint(spec *batchv1.JobSpec, path *field.Path, managedBy string) []Finding {
 	var out []Finding
 	add := func(sev Severity, p *field.Path, format string, args ...any) {
@@ -59,6 +60,17 @@ func lint(spec *batchv1.JobSpec, path *field.Path, managedBy string) []Finding {
 				}
 			}
 		}
+	}
+
+	if pfp != nil {
+		for i, rule := range pfp.Rules {
+			for j, pat := range rule.OnPodConditions {
+				if sev, msg, ok := conditionTypeFinding(pat.Type); ok {
+					add(sev, rulesPath.Index(i).Child("onPodConditions").Index(j).Child("type"), "%s", msg)
+				}
+			}
+		}
+		out = append(out, neverFires(spec, rulesPath)...)
 	}
 
 	longRunning := spec.ActiveDeadlineSeconds == nil || time.Duration(*spec.ActiveDeadlineSeconds)*time.Second > LongRunning
