@@ -99,3 +99,10 @@ FORCE:
 
 clean: ## remove _output
 	rm -rf $(OUT)
+
+# The lab's VM node (issue 10, opt-in): `LAB_VM=1 make lab` adds lab-node-4, systemd on
+# cgroup v2 under QEMU, to the lab; make lab-down removes it with the rest.
+.PHONY: vm-image
+vm-image: ## the VM node's Debian bookworm image in _output/vm (debootstrap + mkfs.ext4 -d; root, ~2 min cold, reused while test/vm/build-image.sh is unchanged)
+	$(ROOT_CHECK)
+	test/vm/build-image.sh

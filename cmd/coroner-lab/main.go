@@ -34,12 +34,14 @@ usage: coroner-lab [flags] COMMAND
 func main() {
 	var opts struct {
 		skipBuild, skipDeploy, skipDemo bool
+		vm                              bool
 		overlay                         string
 	}
 	fs := pflag.NewFlagSet("coroner-lab", pflag.ContinueOnError)
 	fs.BoolVar(&opts.skipBuild, "skip-build", false, "up: do not run test/tools/build.sh nor build coroner-agent and coroner-shim; use the binaries in _output/bin")
 	fs.BoolVar(&opts.skipDeploy, "skip-deploy", false, "up: do not deploy coroner (nor run the demo)")
 	fs.BoolVar(&opts.skipDemo, "skip-demo", false, "up: do not run the demo Job")
+	fs.BoolVar(&opts.vm, "vm", lab.VMFromEnv(), "up: add the VM node lab-node-4 (systemd on cgroup v2 under QEMU; default from LAB_VM=1)")
 	fs.StringVar(&opts.overlay, "overlay", "", "up: the kustomization that deploys coroner (default deploy/overlays/lab)")
 	cli.Parse(fs, summary, os.Args[1:])
 	if fs.NArg() != 1 {
@@ -50,6 +52,7 @@ func main() {
 		fail(err)
 	}
 	cfg.SkipBuild, cfg.SkipDeploy, cfg.SkipDemo = opts.skipBuild, opts.skipDeploy, opts.skipDemo
+	cfg.VM = opts.vm
 	if opts.overlay != "" {
 		if cfg.Overlay, err = filepath.Abs(opts.overlay); err != nil {
 			fail(err)

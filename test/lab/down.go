@@ -57,6 +57,7 @@ func Down(ctx context.Context, c Config) error {
 	}
 
 	_ = pr.step("stop kubelets, remove pods, stop containerds", func() error {
+		c.stopVM(st, pr.say, problem) // the VM node, if any (vm.go)
 		c.stopNodes(ctx, st, pr.say, problem)
 		if len(st.Sysctls) > 0 {
 			changed, err := restoreSysctls(st.Sysctls)

@@ -143,6 +143,10 @@ type Config struct {
 	SkipDeploy bool
 	// SkipDemo does not run the demo Job.
 	SkipDemo bool
+
+	// VM adds the VM node lab-node-4 (systemd, cgroup v2, QEMU: vm.go); LAB_VM=1 for
+	// cmd/coroner-lab.
+	VM bool
 }
 
 // DefaultConfig is the lab of the repository that holds the working directory.

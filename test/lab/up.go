@@ -43,6 +43,9 @@ func Up(ctx context.Context, c Config) error {
 		switch {
 		case problem == nil && st.Phase == phaseReady:
 			fmt.Fprintln(w, "coroner lab: already up")
+			if _, ok := vmRunning(st); c.VM && !ok { // the VM node (vm.go)
+				fmt.Fprintln(w, "coroner lab: it runs without the VM node: make lab-down, then LAB_VM=1 make lab")
+			}
 			c.printSummary(ctx, st, 0)
 			return nil
 		case problem == nil && st.Phase == phaseCluster:
@@ -93,6 +96,9 @@ func (c Config) upFrom(ctx context.Context, st *State, resume bool) error {
 			{"preflight: root, programs, free ports and addresses", func() error { return c.preflight(pr.say) }},
 			{"build: what is missing (Kubernetes, coroner binaries, images)", func() (err error) {
 				imgs, err = c.build(ctx, pr.say)
+				if err == nil && c.VM { // the VM node (vm.go)
+					err = c.buildVM(ctx, pr.say)
+				}
 				return err
 			}},
 			{"network: bridge " + BridgeName + ", a namespace and veth pair per node", func() error {
@@ -117,6 +123,12 @@ func (c Config) upFrom(ctx context.Context, st *State, resume bool) error {
 				for _, n := range c.Nodes {
 					pr.say("%s: netns %s, %s <-> eth0 %s, pods %s", n.Name, n.Netns, n.HostVeth, n.IP, n.PodCIDR)
 				}
+				if c.VM { // the VM node's tap and routes (vm.go)
+					if err := c.setupVMNetwork(st); err != nil {
+						return fmt.Errorf("%s: %w", VMNode().Name, err)
+					}
+					pr.say("%s: tap %s <-> eth0 %s in a VM, pods %s", VMNode().Name, VMNode().HostVeth, VMNode().IP, VMNode().PodCIDR)
+				}
 				pr.say("API server address %s on %s (also the kubernetes Service ClusterIP)", APIServerIP, BridgeName)
 				return nil
 			}},
@@ -134,10 +146,22 @@ func (c Config) upFrom(ctx context.Context, st *State, resume bool) error {
 				return nil
 			}},
 			{"controllers: kube-controller-manager, kube-scheduler", func() error { return c.startControllers(ctx, st, p) }},
-			{"nodes: containerd, images, kubelet", func() error { return c.startNodes(ctx, st, p, imgs, pr.say) }},
+			{"nodes: containerd, images, kubelet", func() error {
+				if c.VM { // the VM boots while the process nodes start (vm.go)
+					if err := c.startVM(ctx, st, p, imgs, pr.say); err != nil {
+						return err
+					}
+				}
+				return c.startNodes(ctx, st, p, imgs, pr.say)
+			}},
 			{fmt.Sprintf("ready: %d nodes Ready, the default ServiceAccount", len(c.Nodes)), func() error {
 				if err := c.waitNodesReady(ctx, st, 120*time.Second); err != nil {
 					return err
+				}
+				if c.VM { // the VM node (vm.go)
+					if err := c.waitVMReady(ctx, st, pr.say); err != nil {
+						return err
+					}
 				}
 				if err := c.waitDefaultServiceAccount(ctx); err != nil {
 					return err

@@ -1,0 +1,214 @@
+// Package vm runs the lab's VM node (issue 10): a Debian bookworm image with systemd on
+// pure cgroup v2, booted under QEMU, that gets the host-built kubelet and containerd over
+// 9p. It knows images and QEMU, not Kubernetes: test/lab makes the VM a lab node (its
+// network, certificates, configuration and the state Down goes by).
+//
+//	_output/vm/rootfs.ext4, vmlinuz, initrd.img   the image, made by build-image.sh (make vm-image)
+//
+// Per run (paths the caller chooses): a qcow2 overlay of rootfs.ext4, the serial console
+// in a file, a pid file. The guest's boot unit mounts the 9p shares (tags corbin, corimg,
+// cornode, corlog: see guest.sh) and runs guest.sh from the node share.
+package vm
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// GuestScript is guest.sh, which the caller writes into the node share as guest.sh.
+//
+//go:embed guest.sh
+var GuestScript string
+
+// Image is the built image.
+type Image struct {
+	Dir, Rootfs, Kernel, Initrd string
+}
+
+// ImageIn is the image in dir (<repo>/_output/vm).
+func ImageIn(dir string) Image {
+	return Image{Dir: dir, Rootfs: filepath.Join(dir, "rootfs.ext4"), Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.img")}
+}
+
+// Exists reports whether the image's three files are there.
+func (im Image) Exists() bool {
+	for _, f := range []string{im.Rootfs, im.Kernel, im.Initrd} {
+		if _, err := os.Stat(f); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// Build runs test/vm/build-image.sh of the repository at root, which builds the image
+// into <root>/_output/vm when it is missing or was built by another version of the
+// script, and says so otherwise (a second or two).
+func Build(ctx context.Context, root string, out io.Writer) (Image, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "test", "vm", "build-image.sh"))
+	cmd.Dir = root
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		return Image{}, fmt.Errorf("test/vm/build-image.sh: %w", err)
+	}
+	im := ImageIn(filepath.Join(root, "_output", "vm"))
+	if !im.Exists() {
+		return im, fmt.Errorf("test/vm/build-image.sh left no image in %s", im.Dir)
+	}
+	return im, nil
+}
+
+// Share is a host directory the guest mounts over 9p by its tag.
+type Share struct {
+	Tag, Path string
+	ReadOnly  bool
+}
+
+// Machine is one VM.
+type Machine struct {
+	Name  string
+	Image Image
+	// Overlay is the qcow2 file the VM writes to (backed by Image.Rootfs, which stays
+	// unchanged); Console the file of the serial console; PIDFile QEMU's pid file.
+	Overlay, Console, PIDFile string
+	CPUs, MemoryMB            int
+	// Tap is a host tap device for the VM's only NIC (eth0 in the guest), with MAC.
+	Tap, MAC string
+	Shares   []Share
+	// Accel is "kvm" or "tcg"; "" is Accel().
+	Accel string
+	// Cmdline is appended to the kernel command line.
+	Cmdline string
+}
+
+// Accel is the accelerator to use: $LAB_VM_ACCEL when set ("kvm" or "tcg"), else kvm when
+// /dev/kvm is a real KVM (kvm_intel or kvm_amd), else tcg. lab-notes.md: this machine's
+// /dev/kvm is kvm_pvm (nested PVM), which cannot boot Debian's kernel, so TCG it is.
+func Accel() string {
+	if a := os.Getenv("LAB_VM_ACCEL"); a != "" {
+		return a
+	}
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		return "tcg"
+	}
+	if _, err := os.Stat("/sys/module/kvm_pvm"); err == nil {
+		return "tcg"
+	}
+	for _, m := range []string{"kvm_intel", "kvm_amd"} {
+		if _, err := os.Stat("/sys/module/" + m); err == nil {
+			return "kvm"
+		}
+	}
+	return "tcg"
+}
+
+// CreateOverlay makes m.Overlay, a new qcow2 backed by the image's raw file.
+func (m Machine) CreateOverlay(ctx context.Context) error {
+	_ = os.Remove(m.Overlay)
+	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", m.Image.Rootfs, m.Overlay).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("qemu-img create %s: %w\n%s", m.Overlay, err, out)
+	}
+	return nil
+}
+
+// Args is QEMU's command line (without the program).
+func (m Machine) Args() []string {
+	accel := m.Accel
+	if accel == "" {
+		accel = Accel()
+	}
+	cpus, mem := m.CPUs, m.MemoryMB
+	if cpus == 0 {
+		cpus = 2
+	}
+	if mem == 0 {
+		mem = 2048
+	}
+	args := []string{"-name", m.Name, "-machine", "q35", "-nodefaults", "-no-user-config",
+		"-display", "none", "-monitor", "none", "-no-reboot"}
+	if accel == "kvm" {
+		args = append(args, "-accel", "kvm", "-cpu", "host")
+	} else {
+		args = append(args, "-accel", "tcg,thread=multi,tb-size=128", "-cpu", "max")
+	}
+	cmdline := "root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 net.ifnames=0 panic=-1"
+	if m.Cmdline != "" {
+		cmdline += " " + m.Cmdline
+	}
+	args = append(args,
+		"-smp", strconv.Itoa(cpus), "-m", strconv.Itoa(mem),
+		"-kernel", m.Image.Kernel, "-initrd", m.Image.Initrd, "-append", cmdline,
+		"-drive", "file="+m.Overlay+",if=virtio,format=qcow2,cache=unsafe,discard=unmap",
+		"-serial", "file:"+m.Console,
+		"-device", "virtio-rng-pci",
+		// The guest hands the pages it frees back to the host (QEMU's RSS shrinks after
+		// the image imports; guest.sh drops the page cache then).
+		"-device", "virtio-balloon-pci,free-page-reporting=on",
+		"-pidfile", m.PIDFile,
+	)
+	if m.Tap != "" {
+		args = append(args, "-netdev", "tap,id=net0,ifname="+m.Tap+",script=no,downscript=no",
+			"-device", "virtio-net-pci,netdev=net0,mac="+m.MAC)
+	}
+	for _, s := range m.Shares {
+		opt := "local,path=" + s.Path + ",mount_tag=" + s.Tag + ",security_model=none"
+		if s.ReadOnly {
+			opt += ",readonly=on"
+		}
+		args = append(args, "-virtfs", opt)
+	}
+	return args
+}
+
+// QEMU is the program that runs the VM.
+const QEMU = "qemu-system-x86_64"
+
+// RSS is the resident memory of a process in bytes (VmRSS of /proc/PID/status).
+func RSS(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest)
+			if len(f) >= 1 {
+				kb, err := strconv.ParseInt(f[0], 10, 64)
+				return kb * 1024, err
+			}
+		}
+	}
+	return 0, errors.New("no VmRSS")
+}
+
+// Tail is the end of a file (the console), at most n bytes.
+func Tail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > n {
+		_, _ = f.Seek(st.Size()-n, io.SeekStart)
+	}
+	b, _ := io.ReadAll(f)
+	return string(b)
+}
+
+// SSH runs a command in the guest as root over ssh with key, at ip; its combined output.
+func SSH(ctx context.Context, key, ip string, timeout time.Duration, command string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ssh", "-i", key, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+		"-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5", "-o", "BatchMode=yes", "root@"+ip, command)
+	return cmd.CombinedOutput()
+}
