@@ -10,7 +10,7 @@ PKGS_UNIT := ./cmd/... ./conditions/... ./shim/... ./agent/... ./cri/...
 PKGS_INTEGRATION := ./test/...
 MAINS    := coroner-shim coroner-agent coronerctl
 
-.PHONY: all deps build tools lint test test-unit test-integration fuzz bench bench-agent bench-shim bench-nodeloss lab lab-down lab-status test-lab e2e e2e-kind clean help FORCE
+.PHONY: all deps build tools lint test test-unit test-integration fuzz bench bench-agent bench-shim bench-nodeloss lab lab-down lab-status test-lab e2e e2e-kind kind-image kind-lab kind-down clean help FORCE
 
 all: build lint test
 
@@ -92,8 +92,24 @@ e2e: build ## e2e suite on the lab: OOMs, evictions, preemption, drain, partitio
 	$(ROOT_CHECK)
 	CORONER_E2E=1 $(GOTEST) -v -timeout 30m -parallel 8 ./test/e2e/ $(E2E_ARGS)
 
-e2e-kind: ## coroner on a kind cluster: build images, deploy overlays/kind, smoke Job (needs Docker and kind; not in CI)
-	deploy/overlays/kind/e2e.sh
+# The kind lab (issue 11): an offline node image, a kind cluster of 1 control plane and 2
+# workers on our own dockerd, coroner deployed from deploy/overlays/kind.
+KIND := $(GO) run ./test/kind/cmd
+
+kind-image: ## offline kind node image (bookworm, containerd 2.4, v1.36.3, kubeadm's images pre-loaded), cached in _output/kind (root; ~2 min cold after make tools)
+	$(ROOT_CHECK)
+	test/tools/deps.sh kind
+	test/tools/build.sh kubeadm kube-proxy kind coredns
+	$(KIND) image
+
+kind-lab: kind-image ## kind cluster on our own dockerd with coroner deployed; KUBECONFIG=_output/kind/kubeconfig (root)
+	$(KIND) up
+
+kind-down: ## delete the kind cluster, its network and our dockerd, leaving nothing behind (the image stays cached)
+	$(KIND) down
+
+e2e-kind: ## on the kind lab: a FailIndex Job through the shim and a limit OOM stamped (a smoke; the e2e suite on kind is still to come)
+	$(KIND) smoke
 
 FORCE:
 

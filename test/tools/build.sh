@@ -8,7 +8,9 @@
 # A binary is rebuilt only when it is missing or was built from different inputs (its stamp
 # file records their checksum), so repeated runs take a second.
 #
-# usage: test/tools/build.sh [NAME ...]   (default: every tool)
+# Named only (not in the default set): kubeadm, kube-proxy, kind and coredns, for test/kind.
+#
+# usage: test/tools/build.sh [NAME ...]   (default: every tool but those four)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -20,6 +22,10 @@ kube_version=v1.36.3
 containerd_version=v2.4.2
 runc_version=v1.5.2
 all=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl containerd2 runc)
+# Built only when named (test/kind's node image and cluster need them, nothing else does).
+kind_version=v0.32.0
+coredns_version=v1.14.2
+extra=(kubeadm kube-proxy kind coredns)
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${all[@]}")
 
@@ -75,9 +81,43 @@ for name in "${names[@]}"; do
       build_module runc "$runc_version" "$out/containerd2" "-X main.version=${runc_version#v}" \
         "seccomp urfave_cli_no_docs" 1 "github.com/opencontainers/runc@$runc_version"
       continue ;;
+    kind)
+      # kind itself (the CLI that creates clusters of node containers), for test/kind.
+      build_module kind "$kind_version" "$out" "-s -w" "" 0 "sigs.k8s.io/kind@$kind_version"
+      continue ;;
+    coredns)
+      # CoreDNS at the version kubeadm v1.36.3 deploys, for test/kind's offline node image.
+      build_module coredns "$coredns_version" "$out/coredns" \
+        "-s -w -X github.com/coredns/coredns/coremain.GitCommit=module" "" 0 \
+        "github.com/coredns/coredns@$coredns_version"
+      continue ;;
+    kubeadm|kube-proxy)
+      # kubeadm and kube-proxy import modules the other Kubernetes tools do not
+      # (corefile-migration, system-validators; netlink, netns). So that go.mod and go.sum (and
+      # with them every other tool's stamp) stay as they are, they are built with a derived
+      # module file under _output/tools/derived: a copy of go.mod/go.sum to which the go
+      # command adds those modules at the versions k8s.io/kubernetes v1.36.3 requires (minimal
+      # version selection; checksums verified by sum.golang.org).
+      kstamp=$(printf '%s %s %s' "$stamp" "$name" "$kube_version" | sha256sum | cut -c1-16)
+      if [ -x "$out/$name" ] && [ "$(cat "$out/.$name.stamp" 2>/dev/null)" = "$kstamp" ]; then
+        echo "tools: $name up to date"
+        continue
+      fi
+      echo "tools: building $name (k8s.io/kubernetes/cmd/$name, derived module file)"
+      start=$SECONDS
+      modf=$root/_output/tools/derived
+      mkdir -p "$modf"
+      cp go.mod "$modf/go.mod"
+      cp go.sum "$modf/go.sum"
+      CGO_ENABLED=0 go build -mod=mod -modfile="$modf/go.mod" -trimpath -ldflags "$ldflags" \
+        -o "$out/$name.tmp" "k8s.io/kubernetes/cmd/$name"
+      mv "$out/$name.tmp" "$out/$name"
+      echo "$kstamp" > "$out/.$name.stamp"
+      echo "tools: built $name in $((SECONDS - start))s"
+      continue ;;
     etcd) pkg=./etcd ;;
     kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kubectl) pkg=k8s.io/kubernetes/cmd/$name ;;
-    *) echo "build.sh: unknown tool '$name' (known: ${all[*]})" >&2; exit 2 ;;
+    *) echo "build.sh: unknown tool '$name' (known: ${all[*]} ${extra[*]})" >&2; exit 2 ;;
   esac
   if [ -x "$out/$name" ] && [ "$(cat "$out/.$name.stamp" 2>/dev/null)" = "$stamp" ]; then
     echo "tools: $name up to date"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages that the build, the tests and the lab need, when they are
+# Installs the Debian packages that the build, the tests and the lab need (and with a group
+# argument, the kind lab's or the VM node's), when they are
 # missing and we are root (apt-get); says what it installs. Without root it names what is
 # missing and fails. Called by `make tools` (and so by `make test` and `make lab`) and CI.
 #   git, make           the build
@@ -11,6 +12,15 @@
 set -euo pipefail
 
 pkgs=(git make gcc libc6-dev libseccomp-dev containerd runc busybox-static containernetworking-plugins iproute2 util-linux)
+# Optional groups, named as arguments: `deps.sh kind` (the kind lab: Debian's Docker engine,
+# debootstrap for the node image), `deps.sh vm` (the lab's VM node).
+for group in "$@"; do
+  case "$group" in
+    kind) pkgs+=(docker.io debootstrap) ;;
+    vm) pkgs+=(qemu-system-x86 qemu-utils debootstrap) ;;
+    *) echo "deps: unknown group '$group' (kind, vm)" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,200 @@
+package kind
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// nodeFilesVersion changes whenever installNodeFiles changes what it writes.
+const nodeFilesVersion = "nodefiles/3"
+
+// cniManifest is coroner-kind-cni's DaemonSet, the node image's
+// /kind/manifests/default-cni.yaml (kind applies it after kubeadm init).
+//
+//go:embed cni.yaml
+var cniManifest []byte
+
+// installNodeFiles turns the Debian root file system in stage into a kind node, as kind's
+// images/base/Dockerfile does, with kind's node-side files from the module source
+// (entrypoint, systemd units, kubelet drop-ins, containerd config, /kind/bin scripts) and
+// our builds (containerd 2.x, runc, kubelet, kubeadm, kubectl). Differences from kind's
+// image, each for this machine:
+//   - containerd.service has no OOMScoreAdjust=-999 (a negative score needs
+//     CAP_SYS_RESOURCE, which this sandbox does not have: containerd would not start);
+//   - containerd's CRI restrict_oom_score_adj = true (same reason: every sandbox fails
+//     otherwise), sandbox image pause:3.10.2 (kubeadm v1.36.3's), no fuse-overlayfs proxy
+//     plugin, unpacked layers kept (the images are pre-imported, not pulled);
+//   - CNI plugins are Debian's (/usr/lib/cni, linked from /opt/cni/bin).
+func (c Config) installNodeFiles(ctx context.Context, stage, kindDir string) error {
+	files := filepath.Join(kindDir, "images", "base", "files")
+	type cp struct {
+		src, dst string
+		mode     os.FileMode
+	}
+	var cps []cp
+	glob := func(pattern, dstDir string, mode os.FileMode) {
+		ms, _ := filepath.Glob(filepath.Join(files, pattern))
+		for _, m := range ms {
+			if st, err := os.Stat(m); err == nil && !st.IsDir() {
+				cps = append(cps, cp{m, filepath.Join(stage, dstDir, filepath.Base(m)), mode})
+			}
+		}
+	}
+	glob("usr/local/bin/*", "usr/local/bin", 0o755)
+	glob("kind/*", "kind", 0o644)
+	glob("kind/bin/*", "kind/bin", 0o755)
+	glob("etc/*", "etc", 0o644)
+	glob("etc/default/*", "etc/default", 0o644)
+	glob("etc/sysctl.d/*", "etc/sysctl.d", 0o644)
+	glob("etc/systemd/system/*", "etc/systemd/system", 0o644)
+	glob("etc/systemd/system/kubelet.service.d/*", "etc/systemd/system/kubelet.service.d", 0o644)
+	for _, n := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
+		cps = append(cps, cp{filepath.Join(c.BinDir, "containerd2", n), filepath.Join(stage, "usr/local/bin", n), 0o755})
+	}
+	cps = append(cps, cp{filepath.Join(c.BinDir, "containerd2", "runc"), filepath.Join(stage, "usr/local/sbin/runc"), 0o755})
+	for _, n := range []string{"kubelet", "kubeadm", "kubectl"} {
+		cps = append(cps, cp{c.bin(n), filepath.Join(stage, "usr/bin", n), 0o755})
+	}
+	for _, f := range cps {
+		if err := copyFile(f.src, f.dst, f.mode); err != nil {
+			return err
+		}
+	}
+
+	// containerd's config and unit, adapted (see above).
+	cfg, err := os.ReadFile(filepath.Join(files, "etc/containerd/config.toml"))
+	if err != nil {
+		return err
+	}
+	var lines []string
+	skip := false
+	for _, l := range strings.Split(string(cfg), "\n") {
+		t := strings.TrimSpace(l)
+		if strings.HasPrefix(t, "[") {
+			skip = strings.HasPrefix(t, "[proxy_plugins")
+		}
+		if skip {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(t, "restrict_oom_score_adj"):
+			l = "  restrict_oom_score_adj = true"
+		case strings.HasPrefix(t, "sandbox_image"):
+			l = fmt.Sprintf("  sandbox_image = %q", "registry.k8s.io/pause:"+PauseTag)
+		case strings.HasPrefix(t, "discard_unpacked_layers"):
+			l = "  discard_unpacked_layers = false"
+		}
+		lines = append(lines, l)
+	}
+	if err := writeFile(filepath.Join(stage, "etc/containerd/config.toml"), []byte(strings.Join(lines, "\n")), 0o644); err != nil {
+		return err
+	}
+	unit, err := os.ReadFile(filepath.Join(files, "etc/systemd/system/containerd.service"))
+	if err != nil {
+		return err
+	}
+	var ul []string
+	for _, l := range strings.Split(string(unit), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "OOMScoreAdjust") {
+			l = "# OOMScoreAdjust=-999 removed by coroner test/kind: needs CAP_SYS_RESOURCE"
+		}
+		ul = append(ul, l)
+	}
+	if err := writeFile(filepath.Join(stage, "etc/systemd/system/containerd.service"), []byte(strings.Join(ul, "\n")), 0o644); err != nil {
+		return err
+	}
+
+	// /etc/containerd/cri-base.json: `ctr oci spec` plus kind's createContainer hook,
+	// without rlimits (kind's Dockerfile does this with jq).
+	spec, err := c.output(ctx, nil, filepath.Join(c.BinDir, "containerd2", "ctr"), "oci", "spec")
+	if err != nil {
+		return err
+	}
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(spec), &doc); err != nil {
+		return fmt.Errorf("ctr oci spec: %w", err)
+	}
+	hooks, _ := doc["hooks"].(map[string]any)
+	if hooks == nil {
+		hooks = map[string]any{}
+	}
+	cc, _ := hooks["createContainer"].([]any)
+	hooks["createContainer"] = append(cc, map[string]any{"path": "/kind/bin/mount-product-files.sh"})
+	doc["hooks"] = hooks
+	if p, ok := doc["process"].(map[string]any); ok {
+		delete(p, "rlimits")
+	}
+	b, _ := json.MarshalIndent(doc, "", "  ")
+	if err := writeFile(filepath.Join(stage, "etc/containerd/cri-base.json"), b, 0o644); err != nil {
+		return err
+	}
+
+	// What kind's Dockerfile removes, so that systemd starts only what a node needs.
+	rm := func(pattern string) {
+		ms, _ := filepath.Glob(filepath.Join(stage, pattern))
+		for _, m := range ms {
+			os.Remove(m)
+		}
+	}
+	rm("lib/systemd/system/sysinit.target.wants/systemd-tmpfiles-setup.service")
+	rm("lib/systemd/system/multi-user.target.wants/*")
+	rm("etc/systemd/system/*.wants/*")
+	rm("lib/systemd/system/local-fs.target.wants/*")
+	rm("lib/systemd/system/sockets.target.wants/*udev*")
+	rm("lib/systemd/system/sockets.target.wants/*initctl*")
+	rm("lib/systemd/system/basic.target.wants/*")
+	jc := filepath.Join(stage, "etc/systemd/journald.conf")
+	if j, err := os.ReadFile(jc); err == nil && !strings.Contains(string(j), "\nReadKMsg=no") {
+		if err := writeFile(jc, append(j, []byte("\nReadKMsg=no\n")...), 0o644); err != nil {
+			return err
+		}
+	}
+	// systemctl enable kubelet containerd undo-mount-hacks; mask systemd-binfmt.
+	wants := filepath.Join(stage, "etc/systemd/system/multi-user.target.wants")
+	if err := os.MkdirAll(wants, 0o755); err != nil {
+		return err
+	}
+	for _, u := range []string{"kubelet.service", "containerd.service", "undo-mount-hacks.service"} {
+		os.Remove(filepath.Join(wants, u))
+		if err := os.Symlink("/etc/systemd/system/"+u, filepath.Join(wants, u)); err != nil {
+			return err
+		}
+	}
+	mask := filepath.Join(stage, "etc/systemd/system/systemd-binfmt.service")
+	os.Remove(mask)
+	if err := os.Symlink("/dev/null", mask); err != nil {
+		return err
+	}
+	init := filepath.Join(stage, "sbin/init")
+	if _, err := os.Lstat(init); err != nil {
+		if err := os.Symlink("/usr/lib/systemd/systemd", init); err != nil {
+			return err
+		}
+	}
+
+	for _, d := range []string{"etc/kubernetes/manifests", "opt/cni", "etc/cni/net.d", "kind/manifests"} {
+		if err := os.MkdirAll(filepath.Join(stage, d), 0o755); err != nil {
+			return err
+		}
+	}
+	cniBin := filepath.Join(stage, "opt/cni/bin")
+	os.RemoveAll(cniBin)
+	if err := os.Symlink("/usr/lib/cni", cniBin); err != nil {
+		return err
+	}
+	if err := writeFile(filepath.Join(stage, "kind/version"), []byte(KubeVersion), 0o644); err != nil {
+		return err
+	}
+	// kindnetd cannot be built from the module proxy: kind's default CNI is ours.
+	if c.CNI != "static" {
+		if err := writeFile(filepath.Join(stage, "kind/manifests/default-cni.yaml"), cniManifest, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
