@@ -97,6 +97,19 @@ func EnsurePodCondition(ctx context.Context, c PodPatcher, pod *corev1.Pod, cond
 // EnsurePodCondition. A phase other than Failed or Succeeded is an error and
 // nothing is read or written.
 func EnsurePodPhase(ctx context.Context, c PodPatcher, pod *corev1.Pod, phase corev1.PodPhase, now func() metav1.Time, conds ...corev1.PodCondition) (changed bool, err error) {
+	return EnsurePodPhaseWithStatuses(ctx, c, pod, phase, nil, now, conds...)
+}
+
+// ContainerStatusesFunc computes, against the pod as it is at each attempt, the init and
+// app container status lists to write with a terminal phase; changed false: none.
+type ContainerStatusesFunc func(cur *corev1.Pod) (init, app []corev1.ContainerStatus, changed bool)
+
+// EnsurePodPhaseWithStatuses is EnsurePodPhase that also writes the container statuses
+// statuses computes (nil: none), in the same patch. Container statuses have no merge key
+// in a strategic merge patch: a list sent replaces the stored one, which the
+// resourceVersion precondition makes safe (statuses computed it from that version), and a
+// list equal to the stored one is not sent.
+func EnsurePodPhaseWithStatuses(ctx context.Context, c PodPatcher, pod *corev1.Pod, phase corev1.PodPhase, statuses ContainerStatusesFunc, now func() metav1.Time, conds ...corev1.PodCondition) (changed bool, err error) {
 	if !IsTerminalPhase(phase) {
 		return false, fmt.Errorf("conditions: EnsurePodPhase sets only a terminal phase, not %q", phase)
 	}
@@ -117,8 +130,25 @@ func EnsurePodPhase(ctx context.Context, c PodPatcher, pod *corev1.Pod, phase co
 				changedTypes = append(changedTypes, cond.Type)
 			}
 		}
-		return json.Marshal(newStatusPatch(cur, phase, status, changedTypes))
+		patch := newStatusPatch(cur, phase, status, changedTypes)
+		if statuses != nil {
+			if init, app, ok := statuses(cur); ok {
+				if !equalStatuses(init, cur.Status.InitContainerStatuses) {
+					patch.Status.InitContainerStatuses = init
+				}
+				if !equalStatuses(app, cur.Status.ContainerStatuses) {
+					patch.Status.ContainerStatuses = app
+				}
+			}
+		}
+		return json.Marshal(patch)
 	}, types.StrategicMergePatchType, "status")
+}
+
+func equalStatuses(a, b []corev1.ContainerStatus) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return len(a) == len(b) && string(x) == string(y)
 }
 
 // EnsurePodAnnotation makes pod carry annotation key=value. When it already
@@ -235,6 +265,10 @@ type statusPatch struct {
 	// PodStatus.Conditions): the server replaces the fields sent in the
 	// listed conditions and keeps every other condition as it is.
 	Conditions []conditionPatch `json:"conditions,omitempty"`
+	// InitContainerStatuses and ContainerStatuses, when sent, replace the stored lists
+	// (no merge key): see EnsurePodPhaseWithStatuses.
+	InitContainerStatuses []corev1.ContainerStatus `json:"initContainerStatuses,omitempty"`
+	ContainerStatuses     []corev1.ContainerStatus `json:"containerStatuses,omitempty"`
 }
 
 // conditionPatch is a PodCondition as sent: zero times and observedGeneration
