@@ -36,17 +36,21 @@ echo "attempt after a disruption: done"`
 // The kubelet evicts a pod whose emptyDir outgrows its sizeLimit: the pod gets
 // DisruptionTarget TerminationByKubelet (from the kubelet, or from the agent on kubelets
 // that do not add it), the Ignore rule replaces it without counting, and the Job
-// completes; the built-in controller agrees.
+// completes; the built-in controller agrees. On every node configuration.
 func TestKubeletEvictionIgnored(t *testing.T) {
 	t.Parallel()
-	ctx, ns := setup(t, 4*time.Minute)
-	j := onNode(disruptedOnce("evicted", ns, 1, "dd if=/dev/zero of=/scratch/fill bs=1M count=24"), quietNode)
+	onEachNode(t, kubeletEviction)
+}
+
+func kubeletEviction(t *testing.T, node string) {
+	ctx, ns := setup(t, budget(node, 4*time.Minute))
+	j := onNode(disruptedOnce("evicted", ns, 1, "dd if=/dev/zero of=/scratch/fill bs=1M count=24"), node)
 	spec := &j.Spec.Template.Spec
 	spec.Volumes = []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{
 		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptrQuantity("8Mi")}}}}
 	spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}}
 
-	got := runBoth(ctx, t, j, 3*time.Minute)
+	got := runBoth(ctx, t, j, budget(node, 3*time.Minute))
 	wantOutcome(t, got, outcome{Condition: "Complete", Reason: batchv1.JobReasonCompletionsReached, Succeeded: 1, CompletedIndexes: "0"})
 	pods := jobPods(ctx, t, ns, j.Name)
 	if len(pods) != 2 {

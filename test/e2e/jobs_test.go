@@ -27,9 +27,12 @@ func job(name, ns string) *wrappers.JobWrapper {
 	return wrappers.MakeJob(name, ns).ManagedBy(lab.ManagedBy).TerminationGracePeriodSeconds(1)
 }
 
-// onNode pins the Job's pods to a node.
+// onNode pins the Job's pods to a node (tolerating the VM node's taint for it).
 func onNode(j *batchv1.Job, node string) *batchv1.Job {
 	j.Spec.Template.Spec.NodeSelector = map[string]string{hostnameLabel: node}
+	if isVM(node) {
+		tolerateVM(&j.Spec.Template.Spec)
+	}
 	return j
 }
 

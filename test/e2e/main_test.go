@@ -13,7 +13,9 @@
 // the end (CORONER_E2E_KEEP=1 keeps it).
 //
 // Tests that disturb a node run one after the other in TestDisruptions, on lab-node-2 and
-// lab-node-3, while the others run in parallel on lab-node-1.
+// lab-node-3, while the others run in parallel on lab-node-1. With the VM node lab-node-4
+// in the lab (LAB_VM=1), the OOM, exit and eviction cases run on it too (nodes_test.go),
+// and TestVMDisruptions takes it for a node OOM and a partition.
 package e2e
 
 import (
@@ -47,6 +49,7 @@ var suite struct {
 	rest    *rest.Config
 	cs      kubernetes.Interface
 	ownsLab bool // this run brought the lab up (and takes it down)
+	vm      bool // the lab has the VM node (nodes_test.go)
 }
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
@@ -80,6 +83,7 @@ func run(m *testing.M) int {
 		start := time.Now()
 		upCfg := cfg
 		upCfg.SkipDemo = true
+		upCfg.VM = lab.VMFromEnv() || requireVM()
 		if err := lab.Up(ctx, upCfg); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: lab up:", err)
 			return 1
@@ -93,6 +97,13 @@ func run(m *testing.M) int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
+	}
+
+	if _, err := suite.cs.CoreV1().Nodes().Get(ctx, vmNode, metav1.GetOptions{}); err == nil {
+		suite.vm = true
+		fmt.Fprintf(os.Stderr, "e2e: the VM node %s is in the lab: the OOM, exit, eviction and fencing cases run on it too\n", vmNode)
+	} else {
+		fmt.Fprintf(os.Stderr, "e2e: no VM node %s in the lab: its cases skip (LAB_VM=1 runs them)\n", vmNode)
 	}
 
 	code := m.Run()

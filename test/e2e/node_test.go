@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +39,7 @@ func TestDisruptions(t *testing.T) {
 		f    func(*testing.T)
 	}{
 		{"ExitToStamp", exitToStamp},
-		{"NodeOOMIgnored", nodeOOM},
+		{"NodeOOMIgnored", func(t *testing.T) { nodeOOM(t, oomNode) }},
 		{"PreemptionIgnored", preemption},
 		{"NodeDrained", drain},
 		{"ZombieRecovered", zombie},
@@ -209,22 +210,100 @@ func TestAgentRefusedOnAnotherNode(t *testing.T) {
 // on DisruptionTarget replaces it without counting, and the replacement completes the Job
 // on another node while the first node is still cut off.
 func zombie(t *testing.T) {
-	ctx, ns := setup(t, 5*time.Minute)
-	j := disruptedOnce("zombie", ns, 1, "true")
+	partitioned(t, partitionCase{
+		name: "zombie", nodes: []string{oomNode, busyNode}, evictAfter: ptr.To[int64](5),
+		want: []string{conditions.ReasonNodeUnreachable, conditions.ReasonNodeFenced},
+	})
+}
+
+// TestVMDisruptions takes the VM node (LAB_VM=1) for what disturbs it, one after the
+// other, in its turn (vmTurn): a node OOM
+// (kubepods.slice's memory.max lowered in the guest), then fencing: its tap device cut
+// with an opted-in pod on it.
+func TestVMDisruptions(t *testing.T) {
+	t.Parallel()
+	needVM(t)
+	vmTurn(t)
+	for _, tc := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"NodeOOMIgnored", func(t *testing.T) { nodeOOM(t, vmNode) }},
+		{"Fenced", vmFenced},
+	} {
+		if !t.Run(tc.name, tc.f) {
+			t.Fatalf("%s failed: the rest of the chain is not run", tc.name)
+		}
+	}
+}
+
+// vmFenced (part of TestVMDisruptions): an opted-in Job pod on the VM node, which is cut
+// off (`coronerctl chaos partition lab-node-4`: its tap device down). The pod keeps the
+// default 300 s toleration of unreachable, so no eviction makes it a zombie: the agent in
+// the VM, cut off for --fence-after (30 s in the lab), stops the pod's container, and the
+// shim, reading the agent's Lease, recovers the pod as NodeFenced; the replacement
+// completes the Job on a process node while the VM is still cut off. Healed, the VM's
+// agent records the fencing in an Event on the Node.
+func vmFenced(t *testing.T) {
+	partitioned(t, partitionCase{
+		name: "fenced", nodes: []string{vmNode, quietNode}, prefer: vmNode,
+		want: []string{conditions.ReasonNodeFenced},
+	})
+}
+
+// partitionCase is a Job pod on a node that is partitioned.
+type partitionCase struct {
+	name string
+	// nodes the Job's pods may run on; prefer, if set, the one the first pod should
+	// run on (the others take the replacement).
+	nodes  []string
+	prefer string
+	// evictAfter, if set, is the pod's toleration of unreachable and not-ready (NoExecute):
+	// the taint manager deletes it then, which makes it a zombie.
+	evictAfter *int64
+	// want are the accepted reasons of ForcefullyTerminated.
+	want []string
+}
+
+func partitioned(t *testing.T, pc partitionCase) {
+	slow := slices.ContainsFunc(pc.nodes, isVM)
+	timeout := func(d time.Duration) time.Duration {
+		if slow {
+			return budget(vmNode, d)
+		}
+		return d
+	}
+	ctx, ns := setup(t, timeout(5*time.Minute))
+	j := disruptedOnce(pc.name, ns, 1, "true")
 	spec := &j.Spec.Template.Spec
 	j.Spec.Template.Annotations = map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"}
-	spec.Tolerations = []corev1.Toleration{
-		{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](5)},
-		{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](5)},
+	if pc.evictAfter != nil {
+		spec.Tolerations = []corev1.Toleration{
+			{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: pc.evictAfter},
+			{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: pc.evictAfter},
+		}
+	}
+	if slow {
+		tolerateVM(spec)
 	}
 	spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: hostnameLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{oomNode, busyNode}}},
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: hostnameLabel, Operator: corev1.NodeSelectorOpIn, Values: pc.nodes}},
 		}}},
 	}}
+	if pc.prefer != "" {
+		spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution = []corev1.PreferredSchedulingTerm{{
+			Weight: 100, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: hostnameLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{pc.prefer}},
+			}},
+		}}
+	}
 	createJob(ctx, t, j)
-	first := waitRunning(ctx, t, ns, j.Name, 1, time.Minute)[0]
+	first := waitRunning(ctx, t, ns, j.Name, 1, timeout(time.Minute))[0]
 	node := first.Spec.NodeName
+	if pc.prefer != "" && node != pc.prefer {
+		t.Fatalf("the first pod %s ran on %s, not on %s (preferred by its affinity)", first.Name, node, pc.prefer)
+	}
 
 	start := time.Now()
 	coronerctl(ctx, t, "chaos", "partition", node)
@@ -248,12 +327,14 @@ func zombie(t *testing.T) {
 	if recovered != nil {
 		c := condition(recovered, conditions.ForcefullyTerminated)
 		t.Logf("%s recovered %v after the partition: %s: %s", first.Name, took.Round(100*time.Millisecond), c.Reason, c.Message)
-		if c.Reason != conditions.ReasonNodeUnreachable && c.Reason != conditions.ReasonNodeFenced {
-			t.Errorf("ForcefullyTerminated reason %s, want NodeUnreachable or NodeFenced", c.Reason)
+		if !slices.Contains(pc.want, c.Reason) {
+			t.Errorf("ForcefullyTerminated reason %s, want one of %v", c.Reason, pc.want)
 		}
 		if recovered.Status.Phase != corev1.PodFailed {
 			t.Errorf("recovered pod in phase %s, want Failed", recovered.Status.Phase)
 		}
+	} else if pc.evictAfter == nil {
+		t.Errorf("%s gone %v after the partition without coroner.dev/ForcefullyTerminated", first.Name, took.Round(100*time.Millisecond))
 	}
 	wantEvent(ctx, t, ns, j.Name, conditions.EventReasonForcefullyTerminated, "pod "+ns+"/"+first.Name, node)
 
@@ -266,19 +347,22 @@ func zombie(t *testing.T) {
 		}
 	}
 	heal()
-	waitNode(ctx, t, node, "Ready after heal", 90*time.Second, func(n *corev1.Node) bool {
+	healedAt := time.Now()
+	waitNode(ctx, t, node, "Ready after heal", timeout(90*time.Second), func(n *corev1.Node) bool {
 		return readyStatus(n) == corev1.ConditionTrue && !hasTaint(n, corev1.TaintNodeUnreachable, "")
 	})
+	t.Logf("%s: Ready again %v after heal", node, time.Since(healedAt).Round(100*time.Millisecond))
 	// The node's agent (fencing on in the lab, after 30s) stopped the pod's container while
 	// cut off, and says so on the Node once it is back.
 	var fenced string
-	err := lab.Poll(ctx, time.Minute, "a Fenced Event on "+node+" naming "+first.Name, func() (bool, error) {
+	err := lab.Poll(ctx, timeout(time.Minute), "a Fenced Event on "+node+" naming "+first.Name, func() (bool, error) {
 		evs, err := suite.cs.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + node + ",reason=" + conditions.EventReasonFenced})
 		if err != nil {
 			return false, nil
 		}
 		for _, e := range evs.Items {
-			if e.LastTimestamp.After(start) && strings.Contains(e.Message, ns+"/"+first.Name) {
+			// The VM's clock may be a little off the host's: the Event's time is the agent's.
+			if e.LastTimestamp.After(start.Add(-10*time.Second)) && strings.Contains(e.Message, ns+"/"+first.Name) {
 				fenced = e.Message
 				return true, nil
 			}

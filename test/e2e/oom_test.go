@@ -7,8 +7,11 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/test/images"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
@@ -24,23 +27,43 @@ func oomPolicy() []*wrappers.RuleWrapper {
 // A pod over its own 24Mi memory limit: the kernel kills it in the pod's cgroup, the agent
 // stamps coroner.dev/OOMKilled (MemoryLimitExceeded), and the FailJob rule on that
 // condition fails the Job at once. The built-in controller could only see exit code 137,
-// the same as a node OOM.
+// the same as a node OOM. On every node configuration.
 func TestLimitOOMFailsJob(t *testing.T) {
 	t.Parallel()
-	ctx, ns := setup(t, 3*time.Minute)
-	j := onNode(withResources(job("limit-oom", ns).
+	onEachNode(t, func(t *testing.T, node string) { limitOOM(t, node, false) })
+}
+
+// The same with a pod-level memory limit (spec.resources, PodLevelResources): the
+// container has none, the kernel kills it in the pod's cgroup (the pod's slice on the
+// systemd driver), which is the pod's own limit all the same.
+func TestPodLevelLimitOOMFailsJob(t *testing.T) {
+	t.Parallel()
+	onEachNode(t, func(t *testing.T, node string) { limitOOM(t, node, true) })
+}
+
+func limitOOM(t *testing.T, node string, podLevel bool) {
+	ctx, ns := setup(t, budget(node, 3*time.Minute))
+	j := onNode(job("limit-oom", ns).
 		BackoffLimit(3).
 		PodFailurePolicy(oomPolicy()...).
-		Command("memhog").Obj(), nil, quantities("memory", "24Mi")), quietNode)
+		Command("memhog").Obj(), node)
+	if podLevel {
+		j.Spec.Template.Spec.Resources = &corev1.ResourceRequirements{Limits: quantities("memory", "24Mi")}
+	} else {
+		withResources(j, nil, quantities("memory", "24Mi"))
+	}
 	createJob(ctx, t, j)
 
-	got := waitFinished(ctx, t, ns, j.Name, 2*time.Minute)
+	got := waitFinished(ctx, t, ns, j.Name, budget(node, 2*time.Minute))
 	wantOutcome(t, got, outcome{Condition: "Failed", Reason: conditions.JobReasonPodFailurePolicy, Failed: 1})
 	pods := jobPods(ctx, t, ns, j.Name)
 	if len(pods) != 1 {
 		t.Fatalf("%d pods, want 1", len(pods))
 	}
 	p := &pods[0]
+	if p.Spec.NodeName != node {
+		t.Errorf("pod on %s, want %s", p.Spec.NodeName, node)
+	}
 	wantCondition(t, p, conditions.OOMKilled, conditions.ReasonMemoryLimitExceeded)
 	wantNoCondition(t, p, corev1.DisruptionTarget)
 	if term := terminated(p); term == nil || term.ExitCode != 137 {
@@ -49,21 +72,70 @@ func TestLimitOOMFailsJob(t *testing.T) {
 	wantEvent(ctx, t, ns, j.Name, conditions.EventReasonPodFailurePolicy, string(conditions.OOMKilled), "FailJob")
 }
 
-// nodeOOM (part of TestDisruptions): the node runs out of memory (the lab lowers the
-// limit of the node's kubepods cgroup with `coronerctl chaos oom --node`) and the kernel
-// kills the pod that grows: the agent stamps DisruptionTarget NodeOOMKill, not
-// coroner.dev/OOMKilled, so the same policy that fails the Job on a limit OOM ignores this
-// one, and the replacement pod completes the Job.
-func nodeOOM(t *testing.T) {
-	ctx, ns := setup(t, 3*time.Minute)
+// A child of the container's PID 1 goes over the container's 24Mi limit: the kernel kills
+// the child (the biggest task of the cgroup), PID 1 (a shell) lives on. The agent stamps
+// coroner.dev/OOMKilled on the running pod (the workload exceeded its own limit), and no
+// DisruptionTarget: nothing disrupted the pod.
+func TestChildOOMWithPID1Alive(t *testing.T) {
+	t.Parallel()
+	onEachNode(t, childOOM)
+}
+
+func childOOM(t *testing.T, node string) {
+	ctx, ns := setup(t, budget(node, 3*time.Minute))
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "child-oom", Namespace: ns},
+		Spec: corev1.PodSpec{
+			NodeName: node, RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Containers: []corev1.Container{{Name: wrappers.DefaultContainerName, Image: images.BusyboxName, ImagePullPolicy: corev1.PullNever,
+				Command:   []string{"sh", "-c", `memhog; echo "memhog ended: $?"; exec sleep 600`},
+				Resources: corev1.ResourceRequirements{Limits: quantities("memory", "24Mi")}}},
+		},
+	}
+	if isVM(node) {
+		tolerateVM(&p.Spec)
+	}
+	if _, err := suite.cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The stamp may come before the kubelet reports the container running (the child is
+	// killed within a second of the start): wait for both.
+	got := waitPod(ctx, t, ns, p.Name, "coroner.dev/OOMKilled and its container running", budget(node, 2*time.Minute), func(p *corev1.Pod) bool {
+		return p != nil && (condition(p, conditions.OOMKilled) != nil && allStarted(p) ||
+			p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded)
+	})
+	wantCondition(t, got, conditions.OOMKilled, conditions.ReasonMemoryLimitExceeded)
+	wantNoCondition(t, got, corev1.DisruptionTarget)
+	if c := condition(got, conditions.OOMKilled); c != nil && !strings.Contains(c.Message, "memhog") {
+		t.Logf("OOMKilled message does not name the child (memhog): %s", c.Message)
+	}
+	// PID 1 survived: the container still runs, never restarted.
+	for _, s := range got.Status.ContainerStatuses {
+		if s.State.Running == nil || s.RestartCount != 0 {
+			t.Errorf("container %s: state %+v restarts %d, want running, never restarted (PID 1 alive)", s.Name, s.State, s.RestartCount)
+		}
+	}
+	if got.Status.Phase != corev1.PodRunning {
+		t.Errorf("pod phase %s, want Running", got.Status.Phase)
+	}
+}
+
+// nodeOOM (part of TestDisruptions, and of TestVMDisruptions on the VM node): the node runs
+// out of memory (the lab lowers the limit of the node's kubepods cgroup, kubepods.slice on
+// the VM, with `coronerctl chaos oom --node`) and the kernel kills the pod that grows: the
+// agent stamps DisruptionTarget NodeOOMKill, not coroner.dev/OOMKilled, so the same policy
+// that fails the Job on a limit OOM ignores this one, and the replacement pod completes
+// the Job.
+func nodeOOM(t *testing.T, node string) {
+	ctx, ns := setup(t, budget(node, 3*time.Minute))
 	const script = `if [ "${IGNORED:-0}" = 0 ]; then exec memhog -step-mib 2 -interval 50ms -max-mib 1024; fi
 echo "attempt after a node OOM: done"`
 	j := onNode(withIgnoredCount(job("node-oom", ns).
 		Indexed().Completions(1).BackoffLimitPerIndex(1).
 		PodFailurePolicy(oomPolicy()...).
-		Command("sh", "-c", script).Obj()), oomNode)
+		Command("sh", "-c", script).Obj()), node)
 	createJob(ctx, t, j)
-	first := waitRunning(ctx, t, ns, j.Name, 1, time.Minute)[0]
+	first := waitRunning(ctx, t, ns, j.Name, 1, budget(node, time.Minute))[0]
 	time.Sleep(2 * time.Second) // let it grow past everything else on the node
 
 	out := coronerctl(ctx, t, "chaos", "oom", "-n", ns, first.Name, "--node")
@@ -71,7 +143,7 @@ echo "attempt after a node OOM: done"`
 		t.Errorf("coronerctl chaos oom --node did not say it lowered the node's kubepods limit:\n%s", out)
 	}
 
-	got := waitFinished(ctx, t, ns, j.Name, 2*time.Minute)
+	got := waitFinished(ctx, t, ns, j.Name, budget(node, 2*time.Minute))
 	wantOutcome(t, got, outcome{Condition: "Complete", Reason: batchv1.JobReasonCompletionsReached, Succeeded: 1, CompletedIndexes: "0"})
 	p := pod(ctx, t, ns, first.Name)
 	wantCondition(t, p, corev1.DisruptionTarget, conditions.ReasonNodeOOMKill)

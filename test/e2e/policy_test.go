@@ -11,16 +11,21 @@ import (
 )
 
 // A container that exits 3 is a bug: FailJob on exit code 3 fails the Job at the first
-// failure instead of retrying it six times; the built-in controller does the same.
+// failure instead of retrying it six times; the built-in controller does the same. On
+// every node configuration.
 func TestFailJobOnExitCode(t *testing.T) {
 	t.Parallel()
-	ctx, ns := setup(t, 3*time.Minute)
+	onEachNode(t, failJobOnExitCode)
+}
+
+func failJobOnExitCode(t *testing.T, node string) {
+	ctx, ns := setup(t, budget(node, 3*time.Minute))
 	j := onNode(job("exit3", ns).
 		BackoffLimit(6).
 		PodFailurePolicy(wrappers.OnExitCodes(batchv1.PodFailurePolicyActionFailJob, batchv1.PodFailurePolicyOnExitCodesOpIn, 3)).
-		Command("sh", "-c", "sleep 1; exit 3").Obj(), quietNode)
+		Command("sh", "-c", "sleep 1; exit 3").Obj(), node)
 
-	got := runBoth(ctx, t, j, 2*time.Minute)
+	got := runBoth(ctx, t, j, budget(node, 2*time.Minute))
 	wantOutcome(t, got, outcome{Condition: "Failed", Reason: conditions.JobReasonPodFailurePolicy, Failed: 1})
 	pods := jobPods(ctx, t, ns, j.Name)
 	if len(pods) != 1 {

@@ -28,18 +28,38 @@ import (
 // killer kill a pod, either because of its own memory limit or because its node ran out.
 // They act on this machine, so they need root and a lab that is up.
 
-// NodeNamed returns the lab node called name.
+// NodeNamed returns the lab node called name: a process node, or the VM node when the
+// lab runs it (Config.VM, or its QEMU recorded in the lab's state: coronerctl does not
+// know how the lab was started).
 func (c Config) NodeNamed(name string) (Node, error) {
-	for _, n := range c.Nodes {
+	nodes := c.Nodes
+	if c.VM || c.vmInState() {
+		nodes = append(slices.Clone(c.Nodes), VMNode())
+	}
+	for _, n := range nodes {
 		if n.Name == name {
 			return n, nil
 		}
 	}
-	names := make([]string, len(c.Nodes))
-	for i, n := range c.Nodes {
+	names := make([]string, len(nodes))
+	for i, n := range nodes {
 		names[i] = n.Name
 	}
 	return Node{}, fmt.Errorf("%q is not a lab node (the lab's nodes: %s)", name, strings.Join(names, ", "))
+}
+
+// IsVM reports whether the node is the VM node (vm.go): no netns, its cgroups, containerd
+// and kubelet in the guest.
+func (n Node) IsVM() bool { return n.Index == vmIndex }
+
+// vmInState reports whether the lab's state records a running VM node.
+func (c Config) vmInState() bool {
+	st, err := loadState(c.statePath())
+	if err != nil || st == nil {
+		return false
+	}
+	_, ok := vmRunning(st)
+	return ok
 }
 
 // upState returns the state of a lab that is up, or an error that says how to get one.
@@ -57,7 +77,8 @@ func (c Config) upState() (*State, error) {
 	return st, nil
 }
 
-// Partition takes the node off the network: the host end of its veth pair goes down, so
+// Partition takes the node off the network: the host end of its veth pair (the VM node's
+// tap device) goes down, so
 // the node's kubelet, its agent and its pods reach neither the API server nor the other
 // nodes, while everything on it keeps running. The node controller marks it NotReady
 // (Ready=Unknown) and taints it node.kubernetes.io/unreachable after
@@ -108,8 +129,10 @@ func (c Config) Partitioned(node string) (bool, error) {
 // node controller marks it NotReady after the grace period. StartKubelet undoes it. It
 // returns the killed kubelet's PID.
 func (c Config) KillKubelet(node string) (int, error) {
-	if _, err := c.NodeNamed(node); err != nil {
+	if n, err := c.NodeNamed(node); err != nil {
 		return 0, err
+	} else if n.IsVM() {
+		return 0, fmt.Errorf("%s is the VM node: its kubelet is a systemd unit in the guest (not supported here)", node)
 	}
 	st, err := c.upState()
 	if err != nil {
@@ -134,6 +157,9 @@ func (c Config) StartKubelet(node string) (int, error) {
 	n, err := c.NodeNamed(node)
 	if err != nil {
 		return 0, err
+	}
+	if n.IsVM() {
+		return 0, fmt.Errorf("%s is the VM node: its kubelet is a systemd unit in the guest (not supported here)", node)
 	}
 	st, err := c.upState()
 	if err != nil {
@@ -195,6 +221,9 @@ func (c Config) OOM(ctx context.Context, pod *corev1.Pod, scope OOMScope, timeou
 	}
 	if _, err := c.upState(); err != nil {
 		return OOMResult{}, err
+	}
+	if n.IsVM() { // its cgroups are the guest's (vm.go)
+		return c.vmOOM(ctx, pod, scope, timeout)
 	}
 	kubepods := filepath.Join(n.Cgroup(), "kubepods")
 	var rel string

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/coroner-dev/coroner/test/containerd"
@@ -505,4 +506,139 @@ func (c Config) VMExec(ctx context.Context, command string) ([]byte, error) {
 	}
 	n := VMNode()
 	return vm.SSH(ctx, filepath.Join(c.nodeDir(n), "ssh-key"), n.IP.String(), time.Minute, command)
+}
+
+// vmSqueeze is OOM's squeeze (chaos.go) for the VM node, run in the guest by bash over
+// ssh, since the cgroups are the guest's: it finds the cgroup (%[1]s: kubepods.slice, or
+// the candidate paths of the pod's slice), lowers its memory.max to memory.current, waits
+// in a tight loop of shell builtins until the oom_kill count of its memory.events
+// (hierarchical on cgroup v2: a kill in a container's scope counts in its pod's slice and
+// in kubepods.slice) goes up or %[2]d microseconds pass, and
+// puts the limit back at once, as the process nodes' squeeze does from its kmsg reader;
+// a trap restores it if the shell is interrupted. Its last line says what it did.
+const vmSqueeze = `set -u
+cg=
+for d in /sys/fs/cgroup/%[1]s; do [ -d "$d" ] && { cg=$d; break; }; done
+[ -n "$cg" ] || { echo "coroner-oom: no cgroup /sys/fs/cgroup/%[1]s (is the pod running?)"; exit 3; }
+read -r orig <"$cg/memory.max"
+restore() { echo "$orig" >"$cg/memory.max"; }
+kills() { K=0; while read -r k v; do [ "$k" = oom_kill ] && K=$v; done <"$cg/memory.events"; }
+trap restore EXIT
+trap 'exit 1' HUP INT TERM PIPE
+kills; before=$K
+read -r usage <"$cg/memory.current"
+start=${EPOCHREALTIME/./}; now=$start
+echo "$usage" >"$cg/memory.max" || { echo "coroner-oom: the kernel refused memory.max $usage"; exit 4; }
+while :; do
+	kills
+	[ "$K" -gt "$before" ] && { restore; now=${EPOCHREALTIME/./}; break; }
+	now=${EPOCHREALTIME/./}
+	[ $((now - start)) -ge %[2]d ] && break
+done
+restore
+trap - EXIT
+echo "coroner-oom cgroup=${cg#/sys/fs/cgroup/} limit=$usage orig=$orig kills=$((K - before)) took_us=$((now - start))"
+`
+
+// vmOOM is OOM for a pod on the VM node: the guest's kubepods.slice (OOMNode) or the pod's
+// slice (OOMPodLimit, the systemd driver's
+// kubepods[-<qos>].slice/kubepods[-<qos>]-pod<uid_with_underscores>.slice), squeezed by
+// vmSqueeze in the guest.
+func (c Config) vmOOM(ctx context.Context, pod *corev1.Pod, scope OOMScope, timeout time.Duration) (OOMResult, error) {
+	var glob string
+	switch scope {
+	case OOMNode:
+		glob = "kubepods.slice"
+	case OOMPodLimit:
+		uid := strings.ReplaceAll(string(pod.UID), "-", "_")
+		glob = fmt.Sprintf("kubepods.slice/kubepods-pod%[1]s.slice kubepods.slice/kubepods-*.slice/kubepods-*-pod%[1]s.slice", uid)
+		glob = strings.ReplaceAll(glob, " ", " /sys/fs/cgroup/")
+	default:
+		return OOMResult{}, fmt.Errorf("unknown OOM scope %q (want %q or %q)", scope, OOMPodLimit, OOMNode)
+	}
+	res := OOMResult{Cgroup: strings.Fields(glob)[0]}
+	out, err := c.vmScript(ctx, timeout+time.Minute, fmt.Sprintf(vmSqueeze, glob, timeout.Microseconds()))
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	last := lines[len(lines)-1]
+	if err != nil || !strings.HasPrefix(last, "coroner-oom cgroup=") {
+		return res, fmt.Errorf("%s: the squeeze in the guest: %v\n%s", VMNode().Name, err, out)
+	}
+	var orig string
+	var tookUS int64
+	if _, err := fmt.Sscanf(last, "coroner-oom cgroup=%s limit=%d orig=%s kills=%d took_us=%d",
+		&res.Cgroup, &res.Limit, &orig, &res.Kills, &tookUS); err != nil {
+		return res, fmt.Errorf("%s: the squeeze's report %q: %w", VMNode().Name, last, err)
+	}
+	res.Took = time.Duration(tookUS) * time.Microsecond
+	res.Restored = -1
+	if orig != "max" {
+		if _, err := fmt.Sscan(orig, &res.Restored); err != nil {
+			return res, fmt.Errorf("%s: the squeeze's report %q: %w", VMNode().Name, last, err)
+		}
+	}
+	return res, nil
+}
+
+// vmScript runs a bash script as root in the VM node (its text on ssh's stdin); its
+// combined output.
+func (c Config) vmScript(ctx context.Context, timeout time.Duration, script string) ([]byte, error) {
+	if _, err := c.upState(); err != nil {
+		return nil, err
+	}
+	n := VMNode()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ssh", append(vmSSHOptions(filepath.Join(c.nodeDir(n), "ssh-key")), "root@"+n.IP.String(), "bash", "-s")...)
+	cmd.Stdin = strings.NewReader(script)
+	return cmd.CombinedOutput()
+}
+
+func vmSSHOptions(key string) []string {
+	return []string{"-i", key, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+		"-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5", "-o", "BatchMode=yes"}
+}
+
+// VMSocket makes a unix socket in the guest (the VM node's containerd.sock: its CRI, for
+// the e2e suite's timings) reachable on this machine: ssh forwards a local socket to it.
+// It returns the local socket's path and a function that stops the forwarding.
+func (c Config) VMSocket(ctx context.Context, remote string) (string, func(), error) {
+	if _, err := c.upState(); err != nil {
+		return "", nil, err
+	}
+	n := VMNode()
+	dir, err := os.MkdirTemp("", "coroner-vm-sock-")
+	if err != nil {
+		return "", nil, err
+	}
+	local := filepath.Join(dir, "forward.sock")
+	args := append(vmSSHOptions(filepath.Join(c.nodeDir(n), "ssh-key")),
+		"-N", "-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes", "-L", local+":"+remote, "root@"+n.IP.String())
+	cmd := exec.Command("ssh", args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", nil, err
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	stop := func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		_ = os.RemoveAll(dir)
+	}
+	err = Poll(ctx, 30*time.Second, "ssh's forwarding of "+remote, func() (bool, error) {
+		select {
+		case <-exited:
+			return false, fmt.Errorf("ssh exited: %s", stderr.String())
+		default:
+		}
+		_, err := os.Stat(local)
+		return err == nil, nil
+	})
+	if err != nil {
+		stop()
+		return "", nil, err
+	}
+	return local, stop, nil
 }
