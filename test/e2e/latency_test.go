@@ -152,12 +152,20 @@ func exitToStamp(t *testing.T) {
 	// The exited containers' finish times, read while they are there: the kubelet may
 	// remove an exited container once its pod has restarted it.
 	finishedAt := map[string]map[string]time.Time{}
+	runtimesCRI := map[string]runtimeapi.RuntimeServiceClient{}
+	for _, node := range nodes {
+		conn, stop := dialNodeCRI(ctx, t, node)
+		defer stop()
+		runtimesCRI[node] = runtimeapi.NewRuntimeServiceClient(conn)
+		finishedAt[node] = map[string]time.Time{}
+	}
 	collect := func() {
 		for _, node := range nodes {
-			if finishedAt[node] == nil {
-				finishedAt[node] = map[string]time.Time{}
+			got, err := criFinishedAt(ctx, runtimesCRI[node])
+			if err != nil {
+				t.Logf("%s: reading exited containers: %v (retried)", node, err)
 			}
-			maps.Copy(finishedAt[node], criFinishedAt(ctx, t, node))
+			maps.Copy(finishedAt[node], got)
 		}
 	}
 	for complete() < total && time.Now().Before(deadline) {
@@ -207,40 +215,45 @@ func exitToStamp(t *testing.T) {
 
 func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 
-// criFinishedAt asks a lab node's containerd (its CRI socket is on this machine) when each
-// of its exited containers finished, to the nanosecond.
-func criFinishedAt(ctx context.Context, t *testing.T, node string) map[string]time.Time {
+// dialNodeCRI connects to a lab node's containerd: its socket on this machine, or for the
+// VM node the guest's, forwarded over ssh once for the whole test.
+func dialNodeCRI(ctx context.Context, t *testing.T, node string) (*grpc.ClientConn, func()) {
 	t.Helper()
 	n, err := suite.cfg.NodeNamed(node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	socket := n.Socket()
-	if n.IsVM() { // the socket is in the guest: ssh forwards it
+	socket, stopForward := n.Socket(), func() {}
+	if n.IsVM() {
 		local, stop, err := suite.cfg.VMSocket(ctx, socket)
 		if err != nil {
 			t.Fatalf("%s: %v", node, err)
 		}
-		defer stop()
-		socket = local
+		socket, stopForward = local, stop
 	}
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
+		stopForward()
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	r, err := runtimeapi.NewRuntimeServiceClient(conn).ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+	return conn, func() { conn.Close(); stopForward() }
+}
+
+// criFinishedAt asks a node's containerd when each of its exited containers finished, to
+// the nanosecond.
+func criFinishedAt(ctx context.Context, rt runtimeapi.RuntimeServiceClient) (map[string]time.Time, error) {
+	r, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
 		State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_EXITED},
 	}})
 	if err != nil {
-		t.Fatalf("%s: ListContainers: %v", node, err)
+		return nil, err
 	}
 	out := map[string]time.Time{}
 	for _, c := range r.GetContainers() {
-		st, err := runtimeapi.NewRuntimeServiceClient(conn).ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.GetId()})
+		st, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.GetId()})
 		if err == nil && st.GetStatus().GetFinishedAt() > 0 {
 			out[c.GetId()] = time.Unix(0, st.GetStatus().GetFinishedAt())
 		}
 	}
-	return out
+	return out, nil
 }
