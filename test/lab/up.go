@@ -77,7 +77,7 @@ func (c Config) upFrom(ctx context.Context, st *State, resume bool) error {
 	}
 	pr := newProgress(w, total)
 	if !resume {
-		fmt.Fprintf(w, "coroner lab: up (%d nodes, Kubernetes v1.36.3, containerd from the host) in %s\n", len(c.Nodes), c.shortPath(c.Dir))
+		fmt.Fprintf(w, "coroner lab: up (%d nodes, Kubernetes v1.36.3, containerd 2.4 and 1.6) in %s\n", len(c.Nodes), c.shortPath(c.Dir))
 	}
 	var imgs []images.Image
 	var p *clusterPKI
