@@ -45,37 +45,7 @@ type runningAgent struct {
 // containerd (or another endpoint) and the API server, and waits until it serves.
 func startAgent(t *testing.T, api *harness.Env, node, endpoint string) *runningAgent {
 	t.Helper()
-	opts := agent.NewOptions()
-	opts.NodeName = node
-	opts.RuntimeEndpoint = endpoint
-	opts.PhaseGrace = phaseGrace
-	opts.MetricsAddress = freeAddr(t)
-	opts.QPS, opts.Burst = 50, 100
-	if err := opts.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	cfg := rest.CopyConfig(api.Config)
-	cfg.QPS, cfg.Burst = opts.QPS, opts.Burst
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- agent.Run(ctx, cfg, opts) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("agent.Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("agent.Run did not return within 30s of its context's end")
-		}
-	})
-	a := &runningAgent{addr: opts.MetricsAddress}
-	waitFor(t, "the agent serving /metrics", func() bool {
-		_, err := a.scrape()
-		return err == nil
-	})
+	a, _ := startStoppableAgent(t, api, node, endpoint)
 	return a
 }
 
