@@ -155,9 +155,16 @@ func (f *fixture) node(name string) *kubeletsim.Node {
 // removes its sandbox and the Pod object.
 func (f *fixture) pod(node, name string, memoryLimit int64, command ...string) *kubeletsim.Pod {
 	f.t.Helper()
-	p, err := f.node(node).CreatePod(f.ctx, f.ns, name, kubeletsim.PodOptions{
+	return f.podWith(node, name, kubeletsim.PodOptions{
 		Containers: []containerd.Container{{Name: "main", Command: command, MemoryLimit: memoryLimit}},
 	})
+}
+
+// podWith creates a pod on node with opts; the test's end removes its sandbox and the
+// Pod object.
+func (f *fixture) podWith(node, name string, opts kubeletsim.PodOptions) *kubeletsim.Pod {
+	f.t.Helper()
+	p, err := f.node(node).CreatePod(f.ctx, f.ns, name, opts)
 	if p != nil {
 		f.t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

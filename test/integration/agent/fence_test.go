@@ -502,21 +502,7 @@ func testFencingStartedCutOff(t *testing.T, env *containerd.Env) {
 // f.start for "main", or StartContainer); the test's end removes it.
 func (f *fixture) fencePod(node, name string, annotations map[string]string, containers ...containerd.Container) *kubeletsim.Pod {
 	f.t.Helper()
-	p, err := f.node(node).CreatePod(f.ctx, f.ns, name, kubeletsim.PodOptions{Annotations: annotations, Containers: containers})
-	if p != nil {
-		f.t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if p.SandboxID != "" {
-				_ = p.Remove(ctx)
-			}
-			_ = p.ForceDelete(ctx)
-		})
-	}
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	return p
+	return f.podWith(node, name, kubeletsim.PodOptions{Annotations: annotations, Containers: containers})
 }
 
 // wantRunning fails the test unless the container runs.

@@ -67,27 +67,6 @@ func startStoppableAgent(t *testing.T, api *harness.Env, node, endpoint string) 
 	return a, stop
 }
 
-// podWith creates a pod on node with opts; the test's end removes its sandbox and the
-// Pod object.
-func (f *fixture) podWith(node, name string, opts kubeletsim.PodOptions) *kubeletsim.Pod {
-	f.t.Helper()
-	p, err := f.node(node).CreatePod(f.ctx, f.ns, name, opts)
-	if p != nil {
-		f.t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if p.SandboxID != "" {
-				_ = p.Remove(ctx)
-			}
-			_ = p.ForceDelete(ctx)
-		})
-	}
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	return p
-}
-
 // gated is a command that waits for /tmp/go in the container's root, then runs then.
 func gated(then string) []string {
 	return []string{"sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.05; done; " + then}
