@@ -136,7 +136,15 @@ authorization:
   mode: Webhook
 podLogsDir: %[7]q
 volumePluginDir: %[8]q
-nodeStatusUpdateFrequency: 5s
+`+kubeletCommon, n.Socket(), n.Cgroup(), n.IP, filepath.Join(p.dir, n.Name+"-serving.crt"), filepath.Join(p.dir, n.Name+"-serving.key"),
+		p.caFile(), filepath.Join(dir, "pod-logs"), filepath.Join(dir, "volume-plugins"))
+}
+
+// kubeletCommon ends every lab kubelet's KubeletConfiguration (process nodes and the VM
+// node), a fmt format (%% for %): fast status reports, volume stats for emptyDir
+// evictions, images never garbage-collected (no registry to pull them back from), low
+// eviction thresholds for a shared disk, certificates from the lab's CA.
+const kubeletCommon = `nodeStatusUpdateFrequency: 5s
 nodeStatusReportFrequency: 5s
 volumeStatsAggPeriod: 5s
 imageGCHighThresholdPercent: 100
@@ -150,9 +158,7 @@ resolvConf: /etc/resolv.conf
 rotateCertificates: false
 serverTLSBootstrap: false
 registerNode: true
-`, n.Socket(), n.Cgroup(), n.IP, filepath.Join(p.dir, n.Name+"-serving.crt"), filepath.Join(p.dir, n.Name+"-serving.key"),
-		p.caFile(), filepath.Join(dir, "pod-logs"), filepath.Join(dir, "volume-plugins"))
-}
+`
 
 // startContainerd starts the node's containerd in its network namespace and waits until
 // its CRI plugin reports the runtime and the network ready.

@@ -335,21 +335,7 @@ registerWithTaints:
 - key: lab.coroner.dev/vm
   value: "true"
   effect: NoSchedule
-nodeStatusUpdateFrequency: 5s
-nodeStatusReportFrequency: 5s
-volumeStatsAggPeriod: 5s
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard:
-  memory.available: 100Mi
-  nodefs.available: 2%%
-  imagefs.available: 2%%
-  nodefs.inodesFree: 2%%
-resolvConf: /etc/resolv.conf
-rotateCertificates: false
-serverTLSBootstrap: false
-registerNode: true
-`, n.Socket(), n.IP, pkiDir)
+`+kubeletCommon, n.Socket(), n.IP, pkiDir)
 }
 
 // vmRunning is the VM's QEMU process of the state, if it runs.
