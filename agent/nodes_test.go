@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bufio"
 	"os"
 	"strings"
 	"testing"
@@ -16,7 +15,7 @@ import (
 	"github.com/coroner-dev/coroner/cri"
 )
 
-// kernelTestdata assembles a kmsg test data file (lines starting with "#" are comments).
+// kernelTestdata reads the OOM kills of a kmsg test data file.
 func kernelTestdata(t *testing.T, name string) []kmsg.OOMKill {
 	t.Helper()
 	f, err := os.Open("kmsg/testdata/" + name)
@@ -24,19 +23,11 @@ func kernelTestdata(t *testing.T, name string) []kmsg.OOMKill {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var a kmsg.Assembler
-	var kills []kmsg.OOMKill
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		if strings.HasPrefix(sc.Text(), "#") {
-			continue
-		}
-		if r, ok := kmsg.ParseLine(sc.Text()); ok {
-			kills = append(kills, a.Add(r)...)
-		}
+	kills, err := kmsg.ParseText(f)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return append(kills, a.Flush()...)
+	return kills
 }
 
 func notInit() (bool, error) { return false, nil }

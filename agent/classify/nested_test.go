@@ -1,7 +1,6 @@
 package classify
 
 import (
-	"bufio"
 	"os"
 	"strings"
 	"testing"
@@ -10,7 +9,7 @@ import (
 	"github.com/coroner-dev/coroner/agent/kmsg"
 )
 
-// kernelFile assembles a kmsg test data file (lines starting with "#" are comments).
+// kernelFile reads the OOM kills of a kmsg test data file.
 func kernelFile(t *testing.T, name string) []kmsg.OOMKill {
 	t.Helper()
 	f, err := os.Open("../kmsg/testdata/" + name)
@@ -18,19 +17,11 @@ func kernelFile(t *testing.T, name string) []kmsg.OOMKill {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var a kmsg.Assembler
-	var kills []kmsg.OOMKill
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		if strings.HasPrefix(sc.Text(), "#") {
-			continue
-		}
-		if r, ok := kmsg.ParseLine(sc.Text()); ok {
-			kills = append(kills, a.Add(r)...)
-		}
+	kills, err := kmsg.ParseText(f)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return append(kills, a.Flush()...)
+	return kills
 }
 
 // TestClassifyNestedNodes classifies exits on nodes whose kernel paths carry a host

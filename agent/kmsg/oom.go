@@ -1,6 +1,8 @@
 package kmsg
 
 import (
+	"bufio"
+	"io"
 	"regexp"
 	"strconv"
 	"strings"
@@ -378,4 +380,23 @@ func (a *Assembler) Flush() []OOMKill {
 	out := a.takePending()
 	a.rep = nil
 	return out
+}
+
+// ParseText reads the OOM kills of a kernel log kept as text, one record per line in
+// /dev/kmsg's or dmesg's format (see ParseLine), as captured from a node or kept in
+// test data; lines starting with "#" are comments, lines that are not records are skipped.
+func ParseText(r io.Reader) ([]OOMKill, error) {
+	var a Assembler
+	var out []OOMKill
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "#") {
+			continue
+		}
+		if rec, ok := ParseLine(sc.Text()); ok {
+			out = append(out, a.Add(rec)...)
+		}
+	}
+	return append(out, a.Flush()...), sc.Err()
 }

@@ -1,10 +1,8 @@
 package kmsg
 
 import (
-	"bufio"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -99,29 +97,19 @@ func TestParseSummary(t *testing.T) {
 	}
 }
 
-// assemble feeds every line of a testdata file to an Assembler.
-func assemble(t *testing.T, file string) []OOMKill {
+// assemble reads the OOM kills of a kmsg test data file.
+func assemble(t *testing.T, name string) []OOMKill {
 	t.Helper()
-	f, err := os.Open(filepath.Join("testdata", file))
+	f, err := os.Open(filepath.Join("testdata", name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var a Assembler
-	var out []OOMKill
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if strings.HasPrefix(sc.Text(), "#") {
-			continue // a comment of the test data (source, provenance)
-		}
-		if r, ok := ParseLine(sc.Text()); ok {
-			out = append(out, a.Add(r)...)
-		}
-	}
-	if err := sc.Err(); err != nil {
+	kills, err := ParseText(f)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return append(out, a.Flush()...)
+	return kills
 }
 
 func us(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
