@@ -10,9 +10,12 @@ import (
 	"github.com/coroner-dev/coroner/conditions"
 )
 
+// coronerConditionTypes are the pod condition types coroner sets (conditions/).
+var coronerConditionTypes = []corev1.PodConditionType{conditions.OOMKilled, conditions.ForcefullyTerminated}
+
 // knownConditionTypes are the pod condition types something is known to set: every
-// PodConditionType of k8s.io/api/core/v1 v0.36, then coroner's (conditions/).
-var knownConditionTypes = []corev1.PodConditionType{
+// PodConditionType of k8s.io/api/core/v1 v0.36, then coroner's.
+var knownConditionTypes = append([]corev1.PodConditionType{
 	corev1.PodScheduled,
 	corev1.PodInitialized,
 	corev1.ContainersReady,
@@ -22,9 +25,7 @@ var knownConditionTypes = []corev1.PodConditionType{
 	corev1.PodResizePending,
 	corev1.PodResizeInProgress,
 	corev1.AllContainersRestarting,
-	conditions.OOMKilled,
-	conditions.ForcefullyTerminated,
-}
+}, coronerConditionTypes...)
 
 // conditionTypeFinding judges the type of an onPodConditions pattern. A known type gives
 // nothing. A type close to a known one (a different case, a typo, coroner's name without
@@ -76,7 +77,7 @@ func suggestConditionType(s string) (corev1.PodConditionType, bool) {
 	if prefix != "" && !strings.Contains(strings.ToLower(prefix), "coroner") {
 		return "", false
 	}
-	for _, k := range []corev1.PodConditionType{conditions.OOMKilled, conditions.ForcefullyTerminated} {
+	for _, k := range coronerConditionTypes {
 		kname := strings.TrimPrefix(string(k), conditions.Prefix)
 		if editDistance(strings.ToLower(name), strings.ToLower(kname)) <= maxTypos(len(kname)) {
 			return k, true
