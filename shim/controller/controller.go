@@ -211,7 +211,7 @@ func New(client kubernetes.Interface, cfg Config) *Controller {
 		patcher:               conditions.NewPodPatcher(client, Component),
 	}
 	if c.recorder == nil {
-		c.broadcaster = record.NewBroadcaster()
+		c.broadcaster = record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{KeyFunc: eventKeyByMessage}))
 		c.recorder = c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: Component})
 	}
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -437,4 +437,14 @@ func backoffLimitLabel(job *batchv1.Job) string {
 		return metrics.BackoffLimitPerIndex
 	}
 	return metrics.BackoffLimitGlobal
+}
+
+// eventKeyByMessage keeps Events with different messages apart. By default client-go
+// combines the 11th and later Events of one reason on one object within 10 minutes into a
+// single Event ("(combined from similar events): <the last message>"), which would keep
+// only the last of a Job's per-pod decisions and deleted pods' last states, the story
+// coronerctl explain reads back. Identical messages are still counted on one Event.
+func eventKeyByMessage(e *corev1.Event) (aggregateKey, localKey string) {
+	aggregateKey, localKey = record.EventAggregatorByReasonFunc(e)
+	return aggregateKey + "\x00" + localKey, localKey
 }

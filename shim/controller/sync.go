@@ -236,7 +236,9 @@ func (c *Controller) deletePods(ctx context.Context, key string, job *batchv1.Jo
 					c.expectations.deletionObserved(key, d.Pod.UID)
 				}
 				logger.V(2).Info("Deleted a pod", "pod", klog.KObj(d.Pod), "reason", d.Reason, "removeFinalizerFirst", d.RemoveFinalizerFirst)
-				c.recorder.Eventf(job, corev1.EventTypeNormal, conditions.EventReasonSuccessfulDelete, "Deleted pod: %v", d.Pod.Name)
+				// Upstream's "Deleted pod: <name>", then the pod's last state: its exits
+				// stay known once it is gone (coronerctl explain reads them back).
+				c.recorder.Event(job, corev1.EventTypeNormal, conditions.EventReasonSuccessfulDelete, conditions.DeletedPodMessage(d.Pod, d.Reason))
 				return
 			}
 			c.expectations.deletionObserved(key, d.Pod.UID)

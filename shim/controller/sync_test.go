@@ -119,6 +119,13 @@ func fullPlan(job *batchv1.Job, excess, done *corev1.Pod) jobsync.Plan {
 func TestSyncOrder(t *testing.T) {
 	job := newJob("j")
 	excess := newPod("excess", job, corev1.PodRunning)
+	// A crash-looping pod: its Deleted pod Event records the last exit.
+	excess.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name: "main", RestartCount: 3,
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+		LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+			ExitCode: 1, Reason: "Error", FinishedAt: metav1.Date(2026, 3, 1, 11, 58, 0, 0, time.UTC)}},
+	}}
 	done := newPod("done", job, corev1.PodSucceeded)
 	f := newFixture(t, job, excess, done)
 	f.inCache(t, job, excess, done)
@@ -139,7 +146,7 @@ func TestSyncOrder(t *testing.T) {
 		t.Errorf("API writes (-want +got):\n%s", diff)
 	}
 	wantEvents := []string{
-		"Normal SuccessfulDelete Deleted pod: excess",
+		"Normal SuccessfulDelete Deleted pod: excess (excess pod); phase Running; container main waiting (CrashLoopBackOff), last exited 1 (Error) at 2026-03-01T11:58:00Z, 3 restarts",
 		"Normal SuccessfulCreate Created pod: new",
 		"Normal Decided because",
 	}

@@ -120,7 +120,11 @@ func Sync(in Input) Plan {
 	s.decideFinish()
 	active := int32(len(s.active))
 	if s.finished != nil {
-		deleted, deletedReady := s.deletePods(s.active, false, "job "+strings.ToLower(string(s.finished.Type))+": "+s.finished.Reason)
+		why := "job failed: " + s.finished.Reason
+		if t := s.finished.Type; t == batchv1.JobComplete || t == batchv1.JobSuccessCriteriaMet {
+			why = "job succeeded: " + s.finished.Reason
+		}
+		deleted, deletedReady := s.deletePods(s.active, false, why)
 		if int(deleted) != len(s.active) || !in.ExpectationsSatisfied {
 			// Pods remain, or the informer may not show every pod yet: not finished yet.
 			s.finished = nil
@@ -625,6 +629,11 @@ func (s *state) track() {
 		s.plan.Events = append(s.plan.Events, Event{corev1.EventTypeNormal, "Completed", "Job completed"})
 		return
 	}
+	if fin.Reason == batchv1.JobReasonPodFailurePolicy {
+		// The decision was announced, in these words, when it was taken
+		// (explainFailure): one Event per decision.
+		return
+	}
 	s.plan.Events = append(s.plan.Events, Event{corev1.EventTypeWarning, fin.Reason, fin.Message})
 }
 
@@ -655,12 +664,20 @@ func (s *state) canRemoveFinalizer(p *corev1.Pod, considerFailed bool) bool {
 	return true
 }
 
-// explainFailure adds the Event that says what coroner made of a failed pod, e.g.
+// explainFailure adds the one Event that says what coroner made of a failed pod, e.g.
 // "pod default/x-2-abcde: container main exited 42, matched rule 0 (FailIndex): index 2
-// failed". Jobs without a pod failure policy and without backoffLimitPerIndex get none:
-// the counters say it all.
+// failed" (conditions.PodDecisionMessage). A FailJob decision has the built-in
+// controller's words instead, those of the Job's FailureTarget and Failed conditions, with
+// coroner's explanation after them when it adds something (failJobEvent); it is announced
+// here, when the decision is taken, and not again when the Job gets its Failed condition.
+// Jobs without a pod failure policy and without backoffLimitPerIndex get none: the
+// counters say it all.
 func (s *state) explainFailure(p *corev1.Pod, r policy.Result, ix int) {
 	if s.job.Spec.PodFailurePolicy == nil && !s.perIndex {
+		return
+	}
+	if r.Action == batchv1.PodFailurePolicyActionFailJob {
+		s.plan.Events = append(s.plan.Events, Event{corev1.EventTypeWarning, conditions.EventReasonPodFailurePolicy, failJobEvent(p, r)})
 		return
 	}
 	rule := "no rule matched"
@@ -673,8 +690,6 @@ func (s *state) explainFailure(p *corev1.Pod, r policy.Result, ix int) {
 	case r.Action == batchv1.PodFailurePolicyActionIgnore:
 		eventType = corev1.EventTypeNormal
 		consequence = "not counted, the pod will be replaced"
-	case r.Action == batchv1.PodFailurePolicyActionFailJob:
-		consequence = "the Job fails"
 	case s.perIndex && ix != noIndex && s.failedIdx.Has(ix):
 		consequence = fmt.Sprintf("index %d failed", ix)
 	case s.perIndex && ix != noIndex:
@@ -683,8 +698,45 @@ func (s *state) explainFailure(p *corev1.Pod, r policy.Result, ix int) {
 	default:
 		consequence = "counts towards the backoff limit"
 	}
-	msg := fmt.Sprintf("pod %s/%s: %s, %s: %s", p.Namespace, p.Name, causeOfDeath(p, r), rule, consequence)
+	msg := conditions.PodDecisionMessage(p.Namespace, p.Name, fmt.Sprintf("%s, %s: %s", causeOfDeath(p, r), rule, consequence))
 	s.plan.Events = append(s.plan.Events, Event{eventType, conditions.EventReasonPodFailurePolicy, msg})
+}
+
+// failJobEvent is the message of the Event of a FailJob decision: the built-in
+// controller's sentence (the Job condition's message when p is the pod it names), then
+// what coroner knows beyond it: the matched condition's reason and the container's exit
+// for a condition rule; the runtime's reason and coroner's OOM or disruption stamp for an
+// exit code rule. For example "Pod ns/x has condition coroner.dev/OOMKilled matching
+// FailJob rule at index 0: reason MemoryLimitExceeded, container main exited 137
+// (OOMKilled)".
+func failJobEvent(p *corev1.Pod, r policy.Result) string {
+	var extra []string
+	if r.ConditionType != "" {
+		if c := conditions.Find(&p.Status, r.ConditionType); c != nil && c.Reason != "" {
+			extra = append(extra, "reason "+c.Reason)
+		}
+		if exit := causeOfDeath(p, policy.Result{}); strings.HasPrefix(exit, "container ") {
+			extra = append(extra, exit)
+		}
+	} else {
+		for _, list := range [][]corev1.ContainerStatus{p.Status.ContainerStatuses, p.Status.InitContainerStatuses} {
+			for _, c := range list {
+				if t := c.State.Terminated; c.Name == r.ContainerName && t != nil && t.Reason != "" && t.Reason != "Error" {
+					extra = append(extra, "reason "+t.Reason)
+				}
+			}
+		}
+		for _, t := range []corev1.PodConditionType{conditions.OOMKilled, conditions.DisruptionTarget} {
+			if c := conditions.Find(&p.Status, t); c != nil && c.Status == corev1.ConditionTrue {
+				extra = append(extra, strings.TrimSuffix(fmt.Sprintf("%s (%s)", t, c.Reason), " ()"))
+			}
+		}
+	}
+	msg := r.Message(p)
+	if len(extra) > 0 {
+		msg += ": " + strings.Join(extra, ", ")
+	}
+	return msg
 }
 
 // causeOfDeath says in a few words why the pod failed.

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/utils/ptr"
 
+	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
@@ -173,8 +174,9 @@ func TestFailJobRule(t *testing.T) {
 	if plan.Status.Terminating == nil || *plan.Status.Terminating != 1 || plan.Status.Active != 0 {
 		t.Errorf("terminating %v active %d, want 1 and 0", plan.Status.Terminating, plan.Status.Active)
 	}
-	if len(plan.Events) == 0 || !strings.Contains(plan.Events[0].Message, "matched rule 0 (FailJob): the Job fails") {
-		t.Errorf("events = %+v, want the policy decision explained", plan.Events)
+	// One Event for the decision, in the built-in controller's words (the condition's).
+	if diff := cmp.Diff([]Event{{corev1.EventTypeWarning, "PodFailurePolicy", "Container main for pod ns/j-bad failed with exit code 42 matching FailJob rule at index 0"}}, plan.Events); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
 	}
 
 	// Sync 2: the finalizers are gone and the pods with them: counted, Job Failed.
@@ -189,6 +191,69 @@ func TestFailJobRule(t *testing.T) {
 	}
 	if plan.Observations.JobFinished == nil || plan.Observations.JobFinished.Succeeded {
 		t.Errorf("JobFinished = %+v", plan.Observations.JobFinished)
+	}
+	// The Failed condition repeats the decision announced in sync 1: no second Event.
+	if len(plan.Events) != 0 {
+		t.Errorf("events = %+v, want none: the FailJob decision had its Event", plan.Events)
+	}
+}
+
+// TestFailJobEventExplains: the one Event of a FailJob decision has the built-in
+// controller's words, then what coroner knows beyond them.
+func TestFailJobEventExplains(t *testing.T) {
+	cases := []struct {
+		name string
+		rule *wrappers.RuleWrapper
+		pod  *corev1.Pod
+		want string
+	}{
+		{
+			name: "exit code, nothing to add",
+			rule: wrappers.OnExitCodes(batchv1.PodFailurePolicyActionFailJob, batchv1.PodFailurePolicyOnExitCodesOpIn, 42),
+			pod:  failed("j-a", 42).Obj(),
+			want: "Container main for pod ns/j-a failed with exit code 42 matching FailJob rule at index 0",
+		},
+		{
+			name: "exit code of an OOM kill over the limit",
+			rule: wrappers.OnExitCodes(batchv1.PodFailurePolicyActionFailJob, batchv1.PodFailurePolicyOnExitCodesOpIn, 137),
+			pod: func() *corev1.Pod {
+				p := failed("j-a", 137).Condition(conditions.OOMKilled, corev1.ConditionTrue).Obj()
+				p.Status.ContainerStatuses[0].State.Terminated.Reason = "OOMKilled"
+				p.Status.Conditions[len(p.Status.Conditions)-1].Reason = conditions.ReasonMemoryLimitExceeded
+				return p
+			}(),
+			want: "Container main for pod ns/j-a failed with exit code 137 matching FailJob rule at index 0: reason OOMKilled, coroner.dev/OOMKilled (MemoryLimitExceeded)",
+		},
+		{
+			name: "condition with its reason and the exit",
+			rule: wrappers.OnPodCondition(batchv1.PodFailurePolicyActionFailJob, conditions.OOMKilled),
+			pod: func() *corev1.Pod {
+				p := failed("j-a", 137).Condition(conditions.OOMKilled, corev1.ConditionTrue).Obj()
+				p.Status.Conditions[len(p.Status.Conditions)-1].Reason = conditions.ReasonMemoryLimitExceeded
+				return p
+			}(),
+			want: "Pod ns/j-a has condition coroner.dev/OOMKilled matching FailJob rule at index 0: reason MemoryLimitExceeded, container main exited 137",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			j := job(wrappers.MakeJob("j", "ns").Completions(1).PodFailurePolicy(tc.rule))
+			p := tc.pod
+			p.Finalizers = []string{batchv1.JobTrackingFinalizer}
+			plan := sync(j, p)
+			var got []string
+			for _, e := range plan.Events {
+				if e.Reason == conditions.EventReasonPodFailurePolicy {
+					got = append(got, e.Message)
+				}
+			}
+			if diff := cmp.Diff([]string{tc.want}, got); diff != "" {
+				t.Errorf("PodFailurePolicy events (-want +got):\n%s", diff)
+			}
+			if ns, name, ok := conditions.PodOfDecision(tc.want); !ok || ns != "ns" || name != "j-a" {
+				t.Errorf("PodOfDecision = %s/%s %v, want ns/j-a", ns, name, ok)
+			}
+		})
 	}
 }
 

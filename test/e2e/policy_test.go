@@ -31,7 +31,7 @@ func failJobOnExitCode(t *testing.T, node string) {
 	if len(pods) != 1 {
 		t.Errorf("%d pods, want 1: FailJob must not retry", len(pods))
 	}
-	wantEvent(ctx, t, ns, j.Name, conditions.EventReasonPodFailurePolicy, "exited 3", "rule 0 (FailJob)")
+	wantEvent(ctx, t, ns, j.Name, conditions.EventReasonPodFailurePolicy, "failed with exit code 3", "matching FailJob rule at index 0")
 }
 
 // backoffLimitPerIndex with FailIndex: index 1 exits 42 (a corrupt shard, failed at once),

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/coroner-dev/coroner/cmd/internal/cli"
@@ -38,9 +39,13 @@ In coroner's lab on this machine (make lab; root):
 
 // Options are the flags of `coronerctl chaos`.
 type Options struct {
+	// Kubeconfig, Context and Namespace say which cluster and namespace; with Flags set
+	// (kubectl's flags, as coronerctl registers them) they are read from Flags at Run.
 	Kubeconfig string
 	Context    string
 	Namespace  string
+	// Flags, when set, are kubectl's kubeconfig, context, namespace and credential flags.
+	Flags *genericclioptions.ConfigFlags
 	// Node makes oom lower the node's limit rather than the pod's.
 	Node bool
 	// Timeout bounds the wait of drain, preempt and oom.
@@ -60,11 +65,16 @@ func NewOptions() *Options {
 	return &Options{Timeout: 2 * time.Minute, Image: defaultPreemptorImage, PullPolicy: string(corev1.PullIfNotPresent), Priority: defaultPreemptorPriority}
 }
 
-// AddFlags registers the options on fs.
-func (o *Options) AddFlags(fs *pflag.FlagSet) {
+// AddClientFlags registers --kubeconfig, --context and -n on fs, for a command that
+// does not register kubectl's flags (Flags).
+func (o *Options) AddClientFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig file; default $KUBECONFIG, else ~/.kube/config.")
 	fs.StringVar(&o.Context, "context", o.Context, "The kubeconfig context to use; default its current context.")
 	fs.StringVarP(&o.Namespace, "namespace", "n", o.Namespace, "Namespace of the POD (evict, oom) or of the preemptor pod (preempt, unpreempt); default the context's namespace, else default.")
+}
+
+// AddFlags registers the options of the actions on fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.Node, "node", o.Node, "oom: lower the memory limit of all the pods of the POD's node (kubepods), so the node is out of memory, instead of the pod's own.")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "How long drain waits for the evicted pods, preempt for the preemptor to be scheduled, oom for an OOM kill.")
 	fs.StringVar(&o.Image, "image", o.Image, "preempt: the preemptor pod's image (it only has to start; in the lab use registry.k8s.io/pause:coroner).")
@@ -138,7 +148,37 @@ func (o *Options) Run(ctx context.Context, args []string, w io.Writer) error {
 
 // client returns a clientset and the namespace of -n or the kubeconfig context.
 func (o *Options) client() (kubernetes.Interface, string, error) {
-	return cli.UserClient(o.Kubeconfig, o.Context, o.Namespace, "coronerctl-chaos")
+	if o.Flags == nil {
+		return cli.UserClient(o.Kubeconfig, o.Context, o.Namespace, "coronerctl-chaos")
+	}
+	if o.Flags.KubeConfig != nil && *o.Flags.KubeConfig == "" && o.Kubeconfig != "" {
+		// The lab's kubeconfig, chosen by a lab action when none was given.
+		*o.Flags.KubeConfig = o.Kubeconfig
+	}
+	cfg, err := o.Flags.ToRESTConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("loading the client configuration: %w", err)
+	}
+	cfg.UserAgent = "coronerctl-chaos"
+	ns, _, err := o.Flags.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return nil, "", err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	return cs, ns, err
+}
+
+// FromFlags copies kubectl's flags (Flags) into Kubeconfig, Context and Namespace, which
+// the actions read.
+func (o *Options) FromFlags() {
+	if o.Flags == nil {
+		return
+	}
+	for _, f := range []struct{ dst, src *string }{{&o.Kubeconfig, o.Flags.KubeConfig}, {&o.Context, o.Flags.Context}, {&o.Namespace, o.Flags.Namespace}} {
+		if f.src != nil {
+			*f.dst = *f.src
+		}
+	}
 }
 
 func (o *Options) runCluster(ctx context.Context, action, target string, w io.Writer) (string, error) {

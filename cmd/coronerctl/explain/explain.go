@@ -1,12 +1,15 @@
-// Package explain is `coronerctl explain job NAME`: for each failed pod of a Job, its cause
-// of death (container exit codes, the OOM class coroner-agent stamped, the disruption
-// reason), the podFailurePolicy rule that matches it (shim/policy.Match on the live pod,
-// as coroner-shim decides) and the consequence for the Job; then the Job's per-index state
-// with the failure counts of the pods' annotations, and the shim's recorded decisions about
-// pods that are already gone.
+// Package explain is `coronerctl explain`: what happened to a Job's pods and why. For each
+// pod of a Job, existing or deleted, its state and cause (container exits, the OOM class
+// coroner-agent stamped, the disruption reason, a wait such as ErrImageNeverPull or
+// CrashLoopBackOff, the exits of in-place restarts from coroner.dev/exit-history), for a
+// failed pod the podFailurePolicy rule that matches it (shim/policy.Match on the live pod,
+// as coroner-shim decides) and the consequence for the Job; then the Job's per-index
+// state. Pods the shim deleted are told from its Events on the Job: the last state it
+// recorded on deleting them and its failure decisions (conditions/events.go).
 //
-// Build is a pure function of the Job, its pods and Events; Job reads them through a
-// kubernetes.Interface and prints the Report.
+// Build is a pure function of the Job, its pods and Events; Explain reads them through a
+// kubernetes.Interface. Reports print as text (Write) or, through cli-runtime's printers,
+// as JSON or YAML of the documented types in types.go.
 package explain
 
 import (
@@ -14,61 +17,396 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
-	"github.com/spf13/pflag"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/coroner-dev/coroner/cmd/internal/cli"
+	"github.com/coroner-dev/coroner/conditions"
 )
+
+// Output formats of -o.
+const (
+	OutputText = "text"
+	OutputJSON = "json"
+	OutputYAML = "yaml"
+)
+
+// UsageError is a command line explain cannot act on.
+type UsageError struct{ msg string }
+
+func (e *UsageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &UsageError{fmt.Sprintf(format, args...)}
+}
+
+// Kind is what a target names.
+type Kind string
+
+const (
+	KindJob Kind = "job"
+	KindPod Kind = "pod"
+)
+
+// Target is one thing to explain: a Job or a pod by name, or, with an empty Name, every
+// coroner-managed Job or every pod coroner stamped.
+type Target struct {
+	Kind Kind
+	Name string
+}
+
+// resourceKinds maps the resource names kubectl accepts to a Kind.
+var resourceKinds = map[string]Kind{
+	"job": KindJob, "jobs": KindJob, "job.batch": KindJob, "jobs.batch": KindJob,
+	"pod": KindPod, "pods": KindPod, "po": KindPod,
+}
+
+// ParseTargets reads the arguments the way kubectl does: TYPE/NAME..., TYPE [NAME...], or
+// NAME... (Jobs, as explain always took). Without arguments, allNamespaces means every
+// coroner-managed Job.
+func ParseTargets(args []string, allNamespaces bool) ([]Target, error) {
+	if len(args) == 0 {
+		if allNamespaces {
+			return []Target{{Kind: KindJob}}, nil
+		}
+		return nil, usagef("name a Job or a pod: job/NAME, pod/NAME, job NAME, NAME (a Job), jobs or pods (all of them), or -A")
+	}
+	var out []Target
+	if k, ok := resourceKinds[strings.ToLower(args[0])]; ok && !strings.Contains(args[0], "/") {
+		if len(args) == 1 {
+			return []Target{{Kind: k}}, nil
+		}
+		for _, name := range args[1:] {
+			if strings.Contains(name, "/") {
+				return nil, usagef("there is no need to specify a resource type as a separate argument when passing arguments in resource/name form (%q)", name)
+			}
+			out = append(out, Target{Kind: k, Name: name})
+		}
+		return out, nil
+	}
+	for _, a := range args {
+		res, name, slash := strings.Cut(a, "/")
+		if !slash {
+			out = append(out, Target{Kind: KindJob, Name: a})
+			continue
+		}
+		k, ok := resourceKinds[strings.ToLower(res)]
+		if !ok {
+			return nil, usagef("explain knows jobs and pods, not %q", res)
+		}
+		if name == "" {
+			return nil, usagef("%q names no %s", a, k)
+		}
+		out = append(out, Target{Kind: k, Name: name})
+	}
+	return out, nil
+}
 
 // Options are the flags of `coronerctl explain`.
 type Options struct {
-	Kubeconfig string
-	Context    string
-	Namespace  string
+	// Flags are kubectl's kubeconfig, context and namespace flags.
+	Flags         *genericclioptions.ConfigFlags
+	AllNamespaces bool
+	Output        string
 }
 
-// AddFlags registers the options on fs.
-func (o *Options) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig file; default $KUBECONFIG, else ~/.kube/config, else the in-cluster service account.")
-	fs.StringVar(&o.Context, "context", o.Context, "The kubeconfig context to use; default its current context.")
-	fs.StringVarP(&o.Namespace, "namespace", "n", o.Namespace, "Namespace of the Job; default the context's namespace, else default.")
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	return &Options{Flags: genericclioptions.NewConfigFlags(true), Output: OutputText}
 }
 
-// Run runs `explain job NAME` (args after "explain") and prints the report to w.
-func (o *Options) Run(ctx context.Context, args []string, w io.Writer) error {
-	if len(args) != 2 || (args[0] != "job" && args[0] != "jobs" && args[0] != "job.batch") {
-		return errors.New("usage: coronerctl explain job NAME [-n NAMESPACE]")
+// Validate checks the flags.
+func (o *Options) Validate() error {
+	switch o.Output {
+	case OutputText, OutputJSON, OutputYAML:
+		return nil
 	}
-	client, ns, err := cli.UserClient(o.Kubeconfig, o.Context, o.Namespace, "coronerctl")
+	return usagef("-o must be text, json or yaml, not %q", o.Output)
+}
+
+// Run explains the targets of args and prints them to w.
+func (o *Options) Run(ctx context.Context, args []string, w io.Writer) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	targets, err := ParseTargets(args, o.AllNamespaces)
 	if err != nil {
 		return err
 	}
-	return Job(ctx, client, ns, args[1], w)
+	cfg, err := o.Flags.ToRESTConfig()
+	if err != nil {
+		return fmt.Errorf("loading the client configuration: %w", err)
+	}
+	cfg.UserAgent = "coronerctl"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	ns, _, err := o.Flags.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return err
+	}
+	if o.AllNamespaces {
+		ns = metav1.NamespaceAll
+	}
+	objs, err := Explain(ctx, client, ns, targets)
+	if err != nil {
+		return err
+	}
+	return Print(objs, o.Output, w)
 }
 
-// Job reads the Job, its pods and its Events and prints the Report.
-func Job(ctx context.Context, client kubernetes.Interface, namespace, name string, w io.Writer) error {
+// Explain reads what the targets need from the API and builds a report for each: a
+// *Report per Job, a *PodReport per pod. namespace "" is every namespace.
+func Explain(ctx context.Context, client kubernetes.Interface, namespace string, targets []Target) ([]runtime.Object, error) {
+	var out []runtime.Object
+	for _, t := range targets {
+		switch {
+		case t.Kind == KindJob && t.Name != "":
+			if namespace == metav1.NamespaceAll {
+				return nil, usagef("a Job by name needs a namespace: -n, not -A")
+			}
+			r, err := JobReport(ctx, client, namespace, t.Name)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, r)
+		case t.Kind == KindJob:
+			rs, err := managedJobs(ctx, client, namespace)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, rs...)
+		case t.Name != "":
+			if namespace == metav1.NamespaceAll {
+				return nil, usagef("a pod by name needs a namespace: -n, not -A")
+			}
+			r, err := Pod(ctx, client, namespace, t.Name)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, r)
+		default:
+			rs, err := stampedPods(ctx, client, namespace)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, rs...)
+		}
+	}
+	return out, nil
+}
+
+// Print writes the reports in the output format: text, or JSON or YAML through
+// cli-runtime's printers (one object, a List when there are several or none).
+func Print(objs []runtime.Object, format string, w io.Writer) error {
+	if format == OutputText || format == "" {
+		if len(objs) == 0 {
+			_, err := fmt.Fprintln(w, "Nothing to explain: no coroner-managed Job, or no pod coroner stamped.")
+			return err
+		}
+		for i, o := range objs {
+			if i > 0 {
+				if _, err := fmt.Fprintln(w); err != nil {
+					return err
+				}
+			}
+			var err error
+			switch r := o.(type) {
+			case *Report:
+				err = r.Write(w)
+			case *PodReport:
+				err = r.Write(w)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	pf := genericclioptions.NewJSONYamlPrintFlags()
+	printer, err := pf.ToPrinter(format)
+	if err != nil {
+		return err
+	}
+	var obj runtime.Object = newList(objs)
+	if len(objs) == 1 {
+		obj = objs[0]
+	}
+	return printer.PrintObj(obj, w)
+}
+
+// JobReport reads the Job, its pods and its Events and builds its Report.
+func JobReport(ctx context.Context, client kubernetes.Interface, namespace, name string) (*Report, error) {
 	job, err := client.BatchV1().Jobs(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	pods, err := jobPods(ctx, client, job)
+	return reportOf(ctx, client, job)
+}
+
+// Job reads the Job, its pods and its Events and prints the Report as text.
+func Job(ctx context.Context, client kubernetes.Interface, namespace, name string, w io.Writer) error {
+	r, err := JobReport(ctx, client, namespace, name)
 	if err != nil {
 		return err
 	}
-	events, err := client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{
+	return r.Write(w)
+}
+
+func reportOf(ctx context.Context, client kubernetes.Interface, job *batchv1.Job) (*Report, error) {
+	pods, err := jobPods(ctx, client, job)
+	if err != nil {
+		return nil, err
+	}
+	events, err := client.CoreV1().Events(job.Namespace).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("involvedObject.uid", string(job.UID)).String(),
 	})
 	if err != nil {
-		return fmt.Errorf("listing the Job's events: %w", err)
+		return nil, fmt.Errorf("listing the Job's events: %w", err)
 	}
-	return Build(job, pods, events.Items).Write(w)
+	return Build(job, pods, events.Items), nil
+}
+
+// managedJobs reports every Job handed to coroner-shim in the namespace ("" for all).
+func managedJobs(ctx context.Context, client kubernetes.Interface, namespace string) ([]runtime.Object, error) {
+	list, err := client.BatchV1().Jobs(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing Jobs: %w", err)
+	}
+	var out []runtime.Object
+	for i := range list.Items {
+		job := &list.Items[i]
+		if ptrValue(job.Spec.ManagedBy) != conditions.ManagedBy {
+			continue
+		}
+		r, err := reportOf(ctx, client, job)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// Pod explains one pod. A pod of a Job is explained as in its Job's report (rule,
+// action, the shim's decisions); a pod that is gone is looked for in the Events of the
+// namespace's Jobs, where coroner-shim recorded its deletion or its failure.
+func Pod(ctx context.Context, client kubernetes.Interface, namespace, name string) (*PodReport, error) {
+	pod, err := client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return gonePod(ctx, client, namespace, name, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if ref := metav1.GetControllerOf(pod); ref != nil && ref.Kind == "Job" {
+		job, err := client.BatchV1().Jobs(namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		if err == nil && job.UID == ref.UID {
+			r, err := reportOf(ctx, client, job)
+			if err != nil {
+				return nil, err
+			}
+			for i := range r.Pods {
+				if r.Pods[i].Name == name {
+					return standalone(r.Pods[i]), nil
+				}
+			}
+		}
+	}
+	return standalone(podReport(nil, pod)), nil
+}
+
+// gonePod finds what coroner-shim's Events on the namespace's Jobs say of a pod that is
+// gone, or returns notFound.
+func gonePod(ctx context.Context, client kubernetes.Interface, namespace, name string, notFound error) (*PodReport, error) {
+	events, err := client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("involvedObject.kind", "Job").String(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing the Events of the Jobs of %s: %w", namespace, err)
+	}
+	for _, e := range events.Items {
+		if !mentions(e, namespace, name) {
+			continue
+		}
+		job, err := client.BatchV1().Jobs(namespace).Get(ctx, e.InvolvedObject.Name, metav1.GetOptions{})
+		if err != nil || job.UID != e.InvolvedObject.UID {
+			continue
+		}
+		r, err := reportOf(ctx, client, job)
+		if err != nil {
+			return nil, err
+		}
+		for i := range r.Pods {
+			if r.Pods[i].Name == name {
+				return standalone(r.Pods[i]), nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("%w, and no coroner-shim Event on a Job of %s mentions it", notFound, namespace)
+}
+
+// mentions reports whether e is one of coroner-shim's Events about the pod.
+func mentions(e corev1.Event, namespace, name string) bool {
+	msg := strings.TrimPrefix(e.Message, conditions.AggregatedEventPrefix)
+	switch e.Reason {
+	case conditions.EventReasonPodFailurePolicy:
+		ns, n, ok := conditions.PodOfDecision(msg)
+		return ok && ns == namespace && n == name
+	case conditions.EventReasonSuccessfulDelete:
+		d, ok := conditions.ParseDeletedPodMessage(msg)
+		return ok && d.Name == name
+	}
+	return false
+}
+
+// stampedPods reports every pod coroner stamped in the namespace ("" for all), with its
+// Job's rule and action when a Job controls it.
+func stampedPods(ctx context.Context, client kubernetes.Interface, namespace string) ([]runtime.Object, error) {
+	list, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing pods: %w", err)
+	}
+	jobs := map[string]*batchv1.Job{}
+	var out []runtime.Object
+	for i := range list.Items {
+		p := &list.Items[i]
+		if !hasCoronerStamp(p) {
+			continue
+		}
+		var job *batchv1.Job
+		if ref := metav1.GetControllerOf(p); ref != nil && ref.Kind == "Job" {
+			key := p.Namespace + "/" + ref.Name
+			j, seen := jobs[key]
+			if !seen {
+				j, err = client.BatchV1().Jobs(p.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+				if err != nil && !apierrors.IsNotFound(err) {
+					return nil, err
+				}
+				if err != nil || j.UID != ref.UID {
+					j = nil
+				}
+				jobs[key] = j
+			}
+			job = j
+		}
+		out = append(out, standalone(podReport(job, p)))
+	}
+	return out, nil
+}
+
+func standalone(p PodReport) *PodReport {
+	p.TypeMeta = typeMeta(KindPodReport)
+	return &p
 }
 
 // jobPods lists the pods the Job's selector selects; Build keeps those it controls.
@@ -90,4 +428,10 @@ func jobPods(ctx context.Context, client kubernetes.Interface, job *batchv1.Job)
 		pods = append(pods, &list.Items[i])
 	}
 	return pods, nil
+}
+
+// IsUsage reports whether err is a UsageError.
+func IsUsage(err error) bool {
+	var u *UsageError
+	return errors.As(err, &u)
 }

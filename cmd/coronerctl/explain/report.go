@@ -2,7 +2,6 @@ package explain
 
 import (
 	"fmt"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/indexes"
@@ -26,51 +24,15 @@ const maxIndexRows = 100
 // noIndex marks a pod without a (valid) completion index.
 const noIndex = -1
 
-// Report is what explain prints about one Job: a pure function of the Job, its pods and
-// its Events (Build), rendered by Write.
-type Report struct {
-	Job *batchv1.Job
-	// Failed are the Job's failed pods, oldest finish first.
-	Failed []FailedPod
-	// Indexes is the per-index state of an Indexed Job, by index.
-	Indexes []IndexState
-	// Gone are the shim's PodFailurePolicy Event messages about pods that no longer exist.
-	Gone []string
-	// Notes are remarks about the report itself.
-	Notes []string
-}
-
-// FailedPod is one failed pod and what the Job's policy made of it.
-type FailedPod struct {
-	Pod      *corev1.Pod
-	Index    int
-	Finished time.Time
-	// Cause holds labelled lines ("exit", "oom", "disruption", ...) in print order.
-	Cause  []Line
-	Result policy.Result
-	// Rule and Action describe the matching rule and its consequence for the Job.
-	Rule, Action string
-}
-
-// Line is a labelled line of a report.
-type Line struct{ Label, Text string }
-
-// IndexState is one completion index of an Indexed Job.
-type IndexState struct {
-	Index int
-	// State is completed, failed, active, terminating or pending.
-	State string
-	// Failures counts the index's failures that count towards backoffLimitPerIndex,
-	// Ignored those an Ignore rule matched, from the pods' annotations plus the pods'
-	// own failures.
-	Failures, Ignored int32
-	Pods              []*corev1.Pod
-}
-
 // Build makes the Report of job from its pods (any order; pods of other Jobs are left
-// out) and the Events of the namespace.
+// out) and the Events on the Job.
 func Build(job *batchv1.Job, pods []*corev1.Pod, events []corev1.Event) *Report {
-	r := &Report{Job: job}
+	r := &Report{TypeMeta: typeMeta(KindJobReport), job: job, Job: summary(job)}
+	if pfp := job.Spec.PodFailurePolicy; pfp != nil {
+		for i, rule := range pfp.Rules {
+			r.Rules = append(r.Rules, fmt.Sprintf("rule %d: %s", i, describeRule(rule)))
+		}
+	}
 	var own []*corev1.Pod
 	for _, p := range pods {
 		if ref := metav1.GetControllerOf(p); ref != nil && ref.UID == job.UID {
@@ -84,24 +46,27 @@ func Build(job *batchv1.Job, pods []*corev1.Pod, events []corev1.Event) *Report 
 		}
 		return own[i].Name < own[j].Name
 	})
-	perIndex := indexed(job) && job.Spec.BackoffLimitPerIndex != nil
+	ev := readEvents(job, events)
+	live := map[string]bool{}
 	for _, p := range own {
-		if p.Status.Phase != corev1.PodFailed {
-			continue
-		}
-		fp := FailedPod{Pod: p, Index: podIndex(job, p), Finished: backoff.FinishTime(p), Cause: causeOfDeath(p)}
-		fp.Result = policy.Match(job.Spec.PodFailurePolicy, p)
-		fp.Rule = ruleText(job, fp.Result)
-		fp.Action = actionText(job, p, fp.Index, fp.Result, perIndex)
-		r.Failed = append(r.Failed, fp)
+		live[p.Name] = true
+		pr := podReport(job, p)
+		pr.Decisions = ev.decisions[p.Name]
+		r.Pods = append(r.Pods, pr)
 	}
-	sort.SliceStable(r.Failed, func(i, j int) bool { return r.Failed[i].Finished.Before(r.Failed[j].Finished) })
+	r.Pods = append(r.Pods, ev.gonePods(job, live)...)
+	r.GoneDecisions = ev.goneDecisions(live)
 	if indexed(job) {
 		r.Indexes = indexStates(job, own)
 	}
-	r.Gone = goneDecisions(job, own, events)
-	if n := int(job.Status.Failed); n > len(r.Failed) {
-		r.Notes = append(r.Notes, fmt.Sprintf("status.failed is %d but %d failed pods remain: the others were deleted after they were counted", n, len(r.Failed)))
+	failed := 0
+	for _, p := range r.Pods {
+		if p.State == StateFailed {
+			failed++
+		}
+	}
+	if n := int(job.Status.Failed); n > failed {
+		r.Notes = append(r.Notes, fmt.Sprintf("status.failed is %d but %d failed pods remain: the others were deleted after they were counted", n, failed))
 	}
 	if mb := ptrValue(job.Spec.ManagedBy); mb != conditions.ManagedBy {
 		who := "the built-in Job controller"
@@ -112,6 +77,63 @@ func Build(job *batchv1.Job, pods []*corev1.Pod, events []corev1.Event) *Report 
 	}
 	return r
 }
+
+// summary is the JobSummary of job.
+func summary(job *batchv1.Job) JobSummary {
+	spec, st := &job.Spec, &job.Status
+	s := JobSummary{
+		Namespace: job.Namespace, Name: job.Name, ManagedBy: ptrValue(spec.ManagedBy), Mode: "NonIndexed",
+		Completions: spec.Completions, Parallelism: spec.Parallelism,
+		BackoffLimitPerIndex: spec.BackoffLimitPerIndex, MaxFailedIndexes: spec.MaxFailedIndexes,
+		State:  jobState(job),
+		Active: st.Active, Ready: st.Ready, Succeeded: st.Succeeded, Failed: st.Failed, Terminating: st.Terminating,
+		CompletedIndexes: st.CompletedIndexes, FailedIndexes: ptrValue(st.FailedIndexes),
+	}
+	if indexed(job) {
+		s.Mode = "Indexed"
+	}
+	if spec.BackoffLimitPerIndex == nil {
+		s.BackoffLimit = ptrTo(ptrValue(spec.BackoffLimit))
+		if spec.BackoffLimit == nil {
+			s.BackoffLimit = ptrTo[int32](6)
+		}
+	}
+	if spec.PodReplacementPolicy != nil {
+		s.PodReplacementPolicy = string(*spec.PodReplacementPolicy)
+	}
+	return s
+}
+
+// podReport explains one existing pod; job, when not nil, is the Job that controls it.
+func podReport(job *batchv1.Job, p *corev1.Pod) PodReport {
+	pr := PodReport{Namespace: p.Namespace, Name: p.Name, Node: p.Spec.NodeName, pod: p}
+	pr.State, pr.Cause = classify(p)
+	pr.Details = details(p)
+	pr.Warnings = warnings(p)
+	for _, list := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		for _, cs := range list {
+			pr.Restarts += cs.RestartCount
+		}
+	}
+	if conditions.IsTerminalPhase(p.Status.Phase) {
+		pr.Finished = &metav1.Time{Time: backoff.FinishTime(p)}
+	}
+	if job == nil {
+		return pr
+	}
+	pr.Job = job.Name
+	if ix := podIndex(job, p); ix != noIndex {
+		pr.Index = &ix
+	}
+	if p.Status.Phase == corev1.PodFailed {
+		res := policy.Match(job.Spec.PodFailurePolicy, p)
+		pr.Rule = ruleText(job, res)
+		pr.Action = actionText(job, p, podIndex(job, p), res, indexed(job) && job.Spec.BackoffLimitPerIndex != nil)
+	}
+	return pr
+}
+
+func ptrTo[T any](v T) *T { return &v }
 
 func indexed(job *batchv1.Job) bool {
 	return job.Spec.CompletionMode != nil && *job.Spec.CompletionMode == batchv1.IndexedCompletion
@@ -142,92 +164,6 @@ func podIndex(job *batchv1.Job, p *corev1.Pod) int {
 		return noIndex
 	}
 	return ix
-}
-
-// causeOfDeath lists what the pod says about its end: container exits, the OOM class
-// coroner-agent stamped, a disruption, a forced termination, the pod's reason and the
-// exit history of in-place restarts.
-func causeOfDeath(p *corev1.Pod) []Line {
-	var out []Line
-	runtimeOOM := false
-	for _, list := range []struct {
-		kind     string
-		statuses []corev1.ContainerStatus
-	}{{"init container", p.Status.InitContainerStatuses}, {"container", p.Status.ContainerStatuses}} {
-		for _, cs := range list.statuses {
-			t := cs.State.Terminated
-			if t == nil || (t.ExitCode == 0 && t.Reason != "OOMKilled") {
-				continue
-			}
-			text := fmt.Sprintf("%s %s exited %d", list.kind, cs.Name, t.ExitCode)
-			if t.Signal != 0 {
-				text += fmt.Sprintf(" (signal %d)", t.Signal)
-			}
-			if t.Reason != "" {
-				text += " (" + t.Reason + ")"
-			}
-			if !t.FinishedAt.IsZero() {
-				text += " at " + stamp(t.FinishedAt.Time)
-			}
-			if t.Message != "" {
-				text += ": " + oneLine(t.Message)
-			}
-			out = append(out, Line{"exit", text})
-			runtimeOOM = runtimeOOM || t.Reason == "OOMKilled"
-		}
-	}
-	if len(out) == 0 {
-		out = append(out, Line{"exit", "no container exited with a non-zero code"})
-	}
-
-	oom := conditions.Find(&p.Status, conditions.OOMKilled)
-	dt := conditions.Find(&p.Status, conditions.DisruptionTarget)
-	switch {
-	case oom != nil && oom.Status == corev1.ConditionTrue:
-		out = append(out, Line{"oom", "over the pod's own memory limit: " + conditionText(oom)})
-	case dt != nil && dt.Status == corev1.ConditionTrue && dt.Reason == conditions.ReasonNodeOOMKill:
-		out = append(out, Line{"oom", "killed by the node's OOM killer (node memory pressure, not the pod's limit): " + conditionText(dt)})
-	case runtimeOOM:
-		out = append(out, Line{"oom", fmt.Sprintf("the runtime reports OOMKilled but coroner-agent did not classify it (no %s, no %s reason %s): limit or node unknown",
-			conditions.OOMKilled, conditions.DisruptionTarget, conditions.ReasonNodeOOMKill)})
-	}
-	if dt != nil && dt.Status == corev1.ConditionTrue && dt.Reason != conditions.ReasonNodeOOMKill {
-		out = append(out, Line{"disruption", conditionText(dt)})
-	}
-	if ft := conditions.Find(&p.Status, conditions.ForcefullyTerminated); ft != nil && ft.Status == corev1.ConditionTrue {
-		out = append(out, Line{"recovery", conditionText(ft)})
-	}
-	if p.Status.Reason != "" || p.Status.Message != "" {
-		out = append(out, Line{"pod", strings.TrimPrefix(p.Status.Reason+": "+oneLine(p.Status.Message), ": ")})
-	}
-	if v, ok := p.Annotations[conditions.AnnotationExitHistory]; ok {
-		entries, err := exithistory.Parse(v)
-		switch {
-		case err != nil:
-			out = append(out, Line{"history", fmt.Sprintf("%s is malformed: %v", conditions.AnnotationExitHistory, err)})
-		case len(entries) > 0:
-			var parts []string
-			for _, e := range entries {
-				s := fmt.Sprintf("%s exited %d", e.Container, e.ExitCode)
-				var extra []string
-				if e.Reason != "" {
-					extra = append(extra, e.Reason)
-				}
-				if e.OOM != "" {
-					extra = append(extra, "oom "+e.OOM)
-				}
-				if len(extra) > 0 {
-					s += " (" + strings.Join(extra, ", ") + ")"
-				}
-				if !e.FinishedAt.IsZero() {
-					s += " at " + stamp(e.FinishedAt)
-				}
-				parts = append(parts, s)
-			}
-			out = append(out, Line{"history", "in-place restarts, oldest first: " + strings.Join(parts, "; ")})
-		}
-	}
-	return out
 }
 
 func conditionText(c *corev1.PodCondition) string {
@@ -301,9 +237,11 @@ func indexStates(job *batchv1.Job, pods []*corev1.Pod) []IndexState {
 		if completions > maxIndexRows && len(ps) == 0 && !failed.Has(ix) {
 			continue
 		}
-		st := IndexState{Index: ix, Pods: ps}
+		st := IndexState{Index: ix}
 		active, terminating := false, false
 		for _, p := range ps {
+			state, _ := classify(p)
+			st.Pods = append(st.Pods, fmt.Sprintf("%s (%s)", p.Name, state))
 			f, _ := backoff.IndexFailureCount(p)
 			ig, _ := backoff.IndexIgnoredFailureCount(p)
 			if p.Status.Phase == corev1.PodFailed {
@@ -337,44 +275,6 @@ func indexStates(job *batchv1.Job, pods []*corev1.Pod) []IndexState {
 		out = append(out, st)
 	}
 	return out
-}
-
-// goneDecisions returns the messages of the shim's PodFailurePolicy Events on the Job
-// about pods that no longer exist, oldest first.
-func goneDecisions(job *batchv1.Job, pods []*corev1.Pod, events []corev1.Event) []string {
-	live := map[string]bool{}
-	for _, p := range pods {
-		live[p.Namespace+"/"+p.Name] = true
-	}
-	var evs []corev1.Event
-	for _, e := range events {
-		if e.InvolvedObject.UID != job.UID || e.Reason != conditions.EventReasonPodFailurePolicy {
-			continue
-		}
-		// "pod <namespace>/<name>: ..."
-		rest, ok := strings.CutPrefix(e.Message, "pod ")
-		name, _, ok2 := strings.Cut(rest, ":")
-		if ok && ok2 && live[name] {
-			continue
-		}
-		evs = append(evs, e)
-	}
-	sort.SliceStable(evs, func(i, j int) bool { return eventTime(evs[i]).Before(eventTime(evs[j])) })
-	var out []string
-	for _, e := range evs {
-		out = append(out, e.Message)
-	}
-	return slices.Compact(out)
-}
-
-func eventTime(e corev1.Event) time.Time {
-	switch {
-	case !e.LastTimestamp.IsZero():
-		return e.LastTimestamp.Time
-	case !e.EventTime.IsZero():
-		return e.EventTime.Time
-	}
-	return e.CreationTimestamp.Time
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }

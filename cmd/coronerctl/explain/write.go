@@ -3,6 +3,7 @@ package explain
 import (
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
@@ -13,92 +14,128 @@ import (
 // Write prints the report for people.
 func (r *Report) Write(out io.Writer) error {
 	w := &errWriter{w: out}
-	job := r.Job
-	spec := &job.Spec
-	w.printf("Job %s/%s\n", job.Namespace, job.Name)
-	managedBy := ptrValue(spec.ManagedBy)
+	js := &r.Job
+	w.printf("Job %s/%s\n", js.Namespace, js.Name)
+	managedBy := js.ManagedBy
 	if managedBy == "" {
 		managedBy = "(unset: the built-in Job controller)"
 	}
 	w.printf("  managedBy:   %s\n", managedBy)
-	mode := "NonIndexed"
-	if indexed(job) {
-		mode = "Indexed"
-	}
-	w.printf("  mode:        %s, completions %s, parallelism %s\n", mode, intOrUnset(spec.Completions), intOrUnset(spec.Parallelism))
+	w.printf("  mode:        %s, completions %s, parallelism %s\n", js.Mode, intOrUnset(js.Completions), intOrUnset(js.Parallelism))
 	var limits []string
-	if spec.BackoffLimitPerIndex != nil {
-		limits = append(limits, fmt.Sprintf("backoffLimitPerIndex %d", *spec.BackoffLimitPerIndex))
-		if spec.MaxFailedIndexes != nil {
-			limits = append(limits, fmt.Sprintf("maxFailedIndexes %d", *spec.MaxFailedIndexes))
+	if js.BackoffLimitPerIndex != nil {
+		limits = append(limits, fmt.Sprintf("backoffLimitPerIndex %d", *js.BackoffLimitPerIndex))
+		if js.MaxFailedIndexes != nil {
+			limits = append(limits, fmt.Sprintf("maxFailedIndexes %d", *js.MaxFailedIndexes))
 		}
 	} else {
-		limits = append(limits, "backoffLimit "+intOrDefault(spec.BackoffLimit, 6))
+		limits = append(limits, "backoffLimit "+intOrDefault(js.BackoffLimit, 6))
 	}
-	if spec.PodReplacementPolicy != nil {
-		limits = append(limits, "podReplacementPolicy "+string(*spec.PodReplacementPolicy))
+	if js.PodReplacementPolicy != "" {
+		limits = append(limits, "podReplacementPolicy "+js.PodReplacementPolicy)
 	}
 	w.printf("  limits:      %s\n", strings.Join(limits, ", "))
-	w.printf("  status:      %s\n", jobState(job))
-	st := &job.Status
+	w.printf("  status:      %s\n", js.State)
 	w.printf("  pods:        %d active (%s ready), %d succeeded, %d failed, %s terminating\n",
-		st.Active, intOrUnset(st.Ready), st.Succeeded, st.Failed, intOrUnset(st.Terminating))
-	if indexed(job) {
-		w.printf("  indexes:     completed %s; failed %s\n", orNone(st.CompletedIndexes), orNone(ptrValue(st.FailedIndexes)))
+		js.Active, intOrUnset(js.Ready), js.Succeeded, js.Failed, intOrUnset(js.Terminating))
+	if js.Mode == "Indexed" {
+		w.printf("  indexes:     completed %s; failed %s\n", orNone(js.CompletedIndexes), orNone(js.FailedIndexes))
 	}
 
-	if pfp := spec.PodFailurePolicy; pfp != nil && len(pfp.Rules) > 0 {
+	if len(r.Rules) > 0 {
 		w.printf("\nPod failure policy:\n")
-		for i, rule := range pfp.Rules {
-			w.printf("  rule %d: %s\n", i, describeRule(rule))
+		for _, rule := range r.Rules {
+			w.printf("  %s\n", rule)
 		}
 	}
 
-	w.printf("\nFailed pods (%d):\n", len(r.Failed))
-	if len(r.Failed) == 0 {
+	var failed, deleted, other []PodReport
+	plain := map[PodState]int{}
+	for _, p := range r.Pods {
+		switch {
+		case p.State == StateFailed:
+			failed = append(failed, p)
+		case p.State == StateDeleted:
+			deleted = append(deleted, p)
+		case (p.State == StateSucceeded || p.State == StateRunning) && len(p.Warnings) == 0 && p.Restarts == 0:
+			plain[p.State]++
+		default:
+			other = append(other, p)
+		}
+	}
+	sort.SliceStable(failed, func(i, j int) bool { return failed[i].Finished.Before(failed[j].Finished) })
+
+	w.printf("\nFailed pods (%d):\n", len(failed))
+	if len(failed) == 0 {
 		w.printf("  none\n")
 	}
-	for _, fp := range r.Failed {
-		head := "  " + fp.Pod.Name
-		if fp.Index != noIndex {
-			head += fmt.Sprintf("  index %d", fp.Index)
-		}
-		if fp.Pod.Spec.NodeName != "" {
-			head += "  node " + fp.Pod.Spec.NodeName
-		}
-		w.printf("%s  finished %s\n", head, stamp(fp.Finished))
-		for _, l := range fp.Cause {
-			w.printf("    %-11s %s\n", l.Label+":", l.Text)
-		}
-		w.printf("    %-11s %s\n", "rule:", fp.Rule)
-		w.printf("    %-11s %s\n", "action:", fp.Action)
+	for _, p := range failed {
+		w.printf("%s  finished %s\n", podHead(p), stamp(p.Finished.Time))
+		writeLines(w, p.Details)
+		w.printf("    %-11s %s\n", "rule:", p.Rule)
+		w.printf("    %-11s %s\n", "action:", p.Action)
 	}
 
-	if indexed(job) {
+	if len(deleted) > 0 {
+		// What coroner-shim recorded of them: the last state of the pods it deleted, its
+		// decisions about failed pods deleted since.
+		w.printf("\nPods that are gone (%d, from coroner-shim's Events):\n", len(deleted))
+		for _, p := range deleted {
+			w.printf("%s\n", podHead(p))
+			w.printf("    %-11s %s\n", "cause:", p.Cause)
+			writeLines(w, p.Details)
+			if len(p.Decisions) == 1 && decisionCause(p.Decisions[0]) == p.Cause {
+				continue // the cause says it already
+			}
+			for _, d := range p.Decisions {
+				w.printf("    %-11s %s\n", "decision:", d)
+			}
+		}
+	}
+
+	if len(other) > 0 || len(plain) > 0 {
+		w.printf("\nOther pods (%d):\n", len(other)+plain[StateRunning]+plain[StateSucceeded])
+		for _, p := range other {
+			w.printf("%s  %s: %s\n", podHead(p), p.State, p.Cause)
+			for _, warn := range p.Warnings {
+				w.printf("    %-11s %s\n", "WARNING:", warn)
+			}
+			for _, l := range p.Details {
+				if l.Label == "history" || l.Label == "last exit" || l.Label == "oom" || l.Label == "disruption" {
+					w.printf("    %-11s %s\n", l.Label+":", l.Text)
+				}
+			}
+		}
+		var counts []string
+		for _, st := range []PodState{StateRunning, StateSucceeded} {
+			if n := plain[st]; n > 0 {
+				counts = append(counts, fmt.Sprintf("%d %s", n, strings.ToLower(string(st))))
+			}
+		}
+		if len(counts) > 0 {
+			and := ""
+			if len(other) > 0 {
+				and = "and "
+			}
+			w.printf("  %s%s without restarts or warnings\n", and, strings.Join(counts, ", "))
+		}
+	}
+
+	if len(r.Indexes) > 0 {
 		w.printf("\nIndexes:\n")
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  INDEX\tSTATE\tFAILURES\tIGNORED\tPODS")
 		for _, ix := range r.Indexes {
-			var pods []string
-			for _, p := range ix.Pods {
-				pods = append(pods, fmt.Sprintf("%s (%s)", p.Name, podState(p)))
-			}
-			fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\t%s\n", ix.Index, ix.State, ix.Failures, ix.Ignored, orNone(strings.Join(pods, ", ")))
+			fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\t%s\n", ix.Index, ix.State, ix.Failures, ix.Ignored, orNone(strings.Join(ix.Pods, ", ")))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		if c := int(ptrValue(spec.Completions)); c > maxIndexRows {
+		if c := int(ptrValue(js.Completions)); c > maxIndexRows {
 			w.printf("  (only indexes with pods or failed are listed, of %d)\n", c)
 		}
 	}
 
-	if len(r.Gone) > 0 {
-		w.printf("\nDecisions about pods that are gone (from the shim's Events):\n")
-		for _, m := range r.Gone {
-			w.printf("  %s\n", m)
-		}
-	}
 	if len(r.Notes) > 0 {
 		w.printf("\n")
 		for _, n := range r.Notes {
@@ -106,6 +143,57 @@ func (r *Report) Write(out io.Writer) error {
 		}
 	}
 	return w.err
+}
+
+// WritePod prints one pod's report for people.
+func (p *PodReport) Write(out io.Writer) error {
+	w := &errWriter{w: out}
+	w.printf("Pod %s/%s\n", p.Namespace, p.Name)
+	if p.Job != "" {
+		w.printf("  %-11s %s\n", "job:", p.Job)
+	}
+	if p.Index != nil {
+		w.printf("  %-11s %d\n", "index:", *p.Index)
+	}
+	if p.Node != "" {
+		w.printf("  %-11s %s\n", "node:", p.Node)
+	}
+	w.printf("  %-11s %s\n", "state:", p.State)
+	w.printf("  %-11s %s\n", "cause:", p.Cause)
+	if p.Finished != nil {
+		w.printf("  %-11s %s\n", "finished:", stamp(p.Finished.Time))
+	}
+	for _, warn := range p.Warnings {
+		w.printf("  %-11s %s\n", "WARNING:", warn)
+	}
+	for _, l := range p.Details {
+		w.printf("  %-11s %s\n", l.Label+":", l.Text)
+	}
+	if p.Rule != "" {
+		w.printf("  %-11s %s\n", "rule:", p.Rule)
+		w.printf("  %-11s %s\n", "action:", p.Action)
+	}
+	for _, d := range p.Decisions {
+		w.printf("  %-11s %s\n", "decision:", d)
+	}
+	return w.err
+}
+
+func podHead(p PodReport) string {
+	head := "  " + p.Name
+	if p.Index != nil {
+		head += fmt.Sprintf("  index %d", *p.Index)
+	}
+	if p.Node != "" {
+		head += "  node " + p.Node
+	}
+	return head
+}
+
+func writeLines(w *errWriter, lines []Line) {
+	for _, l := range lines {
+		w.printf("    %-11s %s\n", l.Label+":", l.Text)
+	}
 }
 
 func describeRule(rule batchv1.PodFailurePolicyRule) string {
@@ -157,16 +245,6 @@ func jobState(job *batchv1.Job) string {
 		return "not started"
 	}
 	return "running"
-}
-
-func podState(p *corev1.Pod) string {
-	if p.DeletionTimestamp != nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-		return "Terminating"
-	}
-	if p.Status.Phase == "" {
-		return "Pending"
-	}
-	return string(p.Status.Phase)
 }
 
 func intOrUnset(p *int32) string {

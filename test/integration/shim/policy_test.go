@@ -1,13 +1,17 @@
 package shim_test
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/coroner-dev/coroner/cmd/coronerctl/explain"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/test/wrappers"
@@ -70,6 +74,14 @@ func TestFailJobOnExitCode(t *testing.T) {
 	f.wantConditionMessage(job, batchv1.JobFailed, msg)
 	f.wantCounters(job, counters{Failed: 3})
 	f.waitEvent(job, corev1.EventTypeWarning, batchv1.JobReasonPodFailurePolicy, msg)
+	// The pods the shim deleted have their last state in their SuccessfulDelete Event.
+	f.waitEvent(job, corev1.EventTypeNormal, conditions.EventReasonSuccessfulDelete,
+		fmt.Sprintf("Deleted pod: %s (job failed: PodFailurePolicy); phase Running; container main running", pods[2].Name))
+	// One Event for the decision: announced when it was taken, not again with Failed.
+	f.settle()
+	if got := f.jobEvents(job, batchv1.JobReasonPodFailurePolicy); len(got) != 1 {
+		t.Errorf("PodFailurePolicy Events on the Job = %q, want the one decision", got)
+	}
 
 	// Only the failed pod is left, and no replacement was ever made.
 	if left := f.mirror.podsOf(job); len(left) != 1 || left[0].UID != pods[0].UID {
@@ -208,4 +220,51 @@ func TestFailIndexOnExitCode(t *testing.T) {
 	f.wantConditionMessage(job, batchv1.JobFailed, conditions.JobMessageFailedIndexes)
 	f.wantCounters(job, counters{Succeeded: 2, Failed: 2, CompletedIndexes: "0,2", FailedIndexes: strp("1")})
 	f.wantPodsPerIndex(job, map[int]int{0: 2, 1: 1, 2: 1})
+}
+
+// jobEvents are "type message" of the Events on the Job with the reason, each counted once.
+func (f *fixture) jobEvents(job *batchv1.Job, reason string) []string {
+	f.t.Helper()
+	list, err := f.client.CoreV1().Events(f.ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []string
+	for _, e := range list.Items {
+		if e.InvolvedObject.UID == job.UID && e.Reason == reason {
+			out = append(out, e.Type+" "+e.Message)
+		}
+	}
+	return out
+}
+
+// TestDeletedPodKeepsLastExit (issue 13): with restartPolicy OnFailure a crash-looping pod
+// fails the Job with BackoffLimitExceeded and is deleted by the shim; its SuccessfulDelete
+// Event keeps its last exit, and coronerctl explain tells it from there.
+func TestDeletedPodKeepsLastExit(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, controller.Config{})
+	job := f.createJob(wrappers.MakeJob("onfailure", f.ns).BackoffLimit(1).RestartPolicy(corev1.RestartPolicyOnFailure))
+	pod := f.waitActive(job, 1, settle)[0]
+	f.runPod(pod, true)
+	finished := metav1.NewTime(time.Now().Truncate(time.Second))
+	f.writeStatus(pod, "crash-loop", func(p *corev1.Pod) {
+		cs := &p.Status.ContainerStatuses[0]
+		cs.RestartCount, cs.Ready = 2, false
+		cs.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}
+		cs.LastTerminationState = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 3, Reason: "Error", FinishedAt: finished}}
+	})
+	f.waitFinished(job, batchv1.JobFailed, settle)
+	f.wantConditions(job, condFailureTarget+batchv1.JobReasonBackoffLimitExceeded, condFailed+batchv1.JobReasonBackoffLimitExceeded)
+	f.waitEvent(job, corev1.EventTypeNormal, conditions.EventReasonSuccessfulDelete, fmt.Sprintf(
+		"Deleted pod: %s (job failed: BackoffLimitExceeded); phase Running; container main waiting (CrashLoopBackOff), last exited 3 (Error) at %s, 2 restarts",
+		pod.Name, finished.UTC().Format(time.RFC3339)))
+
+	r, err := explain.JobReport(context.Background(), f.client, f.ns, job.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Pods) != 1 || r.Pods[0].Name != pod.Name || r.Pods[0].State != explain.StateDeleted || !strings.Contains(r.Pods[0].Cause, "last exited 3 (Error)") {
+		t.Errorf("explain's pods = %+v, want %s deleted, with its last exit", r.Pods, pod.Name)
+	}
 }
