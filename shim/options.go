@@ -94,7 +94,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", o.LeaseDuration, "How long a non-leader waits after the last renewal before taking the Lease.")
 	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", o.RenewDeadline, "How long the leader retries renewing before it gives up leadership; less than the lease duration.")
 	fs.DurationVar(&o.RetryPeriod, "leader-elect-retry-period", o.RetryPeriod, "Interval between attempts to acquire or renew the Lease.")
-	fs.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "host:port that serves Prometheus metrics at /metrics; \"0\" turns it off.")
+	fs.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "host:port that serves Prometheus metrics at /metrics; \"0\" turns it off. Every replica serves coroner_leader (1 on the leader, 0 on a standby); only the leader serves the Job metrics (coroner_managed_jobs, ...).")
 	fs.StringVar(&o.HealthAddress, "health-probe-bind-address", o.HealthAddress, "host:port that serves /healthz and /readyz; \"0\" turns it off.")
 	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace-period", o.ShutdownGrace, "How long to let in-flight syncs finish after SIGTERM.")
 	fs.DurationVar(&o.PodBackoffBase, "pod-failure-backoff-base", o.PodBackoffBase, "First delay before a failed pod is replaced; it doubles with each further failure (S4, S6).")

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
@@ -51,6 +52,11 @@ const leaderHealthTimeout = 20 * time.Second
 // this replica is standing by without the Lease: a standby has nothing to be ready for,
 // and a Deployment of two replicas must be able to roll out with one of them waiting.
 // The standby starts its informers only when it becomes the leader.
+//
+// Only the leader serves the Job metrics (see package metrics): every replica serves
+// coroner_leader, 1 while it leads and 0 while it stands by. A standby's normal start logs
+// no error: the losing side of the replicas' race for the Lease (both create it at once on
+// a fresh install, or update it at once when the leader released it) is logged at V(2).
 func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -82,6 +88,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	if opts.LeaderElect {
 		watchdog = leaderelection.NewLeaderHealthzAdaptor(leaderHealthTimeout)
 		standingBy.Store(true)
+		m.SetLeader(false)
 	}
 
 	var servers []*http.Server
@@ -133,7 +140,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	if !opts.LeaderElect {
 		return runController(ctx, ctrl, opts.ShutdownGrace)
 	}
-	return runLeaderElected(ctx, cfg, opts, ctrl, watchdog, &leading)
+	return runLeaderElected(ctx, cfg, opts, ctrl, m, watchdog, &leading)
 }
 
 // checkServer asks the API server for its version, within ServerCheckTimeout.
@@ -198,7 +205,7 @@ func waitStopped(ctx context.Context, done <-chan error, grace time.Duration) er
 
 // runLeaderElected runs ctrl while this process holds the Lease.
 func runLeaderElected(ctx context.Context, cfg *rest.Config, opts *Options, ctrl *controller.Controller,
-	watchdog *leaderelection.HealthzAdaptor, leading *atomic.Bool) error {
+	m *metrics.Metrics, watchdog *leaderelection.HealthzAdaptor, leading *atomic.Bool) error {
 	logger := klog.FromContext(ctx)
 	hostname, err := os.Hostname()
 	if err != nil {
@@ -234,6 +241,7 @@ func runLeaderElected(ctx context.Context, cfg *rest.Config, opts *Options, ctrl
 			OnStartedLeading: func(lctx context.Context) {
 				logger.Info("Acquired the leader Lease; starting the controller", "identity", id)
 				leading.Store(true)
+				m.SetLeader(true)
 				started.Store(true)
 				// Stop on a lost Lease (lctx) or on shutdown (ctx).
 				cctx, cancel := context.WithCancel(lctx)
@@ -244,6 +252,7 @@ func runLeaderElected(ctx context.Context, cfg *rest.Config, opts *Options, ctrl
 			},
 			OnStoppedLeading: func() {
 				leading.Store(false)
+				m.SetLeader(false)
 			},
 			OnNewLeader: func(identity string) {
 				if identity != id {
@@ -258,7 +267,7 @@ func runLeaderElected(ctx context.Context, cfg *rest.Config, opts *Options, ctrl
 	leDone := make(chan struct{})
 	go func() {
 		defer close(leDone)
-		le.Run(leCtx)
+		le.Run(klog.NewContext(leCtx, standbyLogger(logger, leading)))
 	}()
 	logger.Info("Waiting for the leader Lease", "lease", opts.LeaseNamespace+"/"+opts.LeaseName, "identity", id)
 
@@ -278,4 +287,55 @@ func runLeaderElected(ctx context.Context, cfg *rest.Config, opts *Options, ctrl
 		logger.Info("Gave up waiting for the leader Lease to be released")
 	}
 	return nil
+}
+
+// standbyLogger returns logger for the leader elector: while this replica does not lead,
+// the errors that only say another replica got to the Lease first (AlreadyExists when both
+// create it, Conflict when both update it) are logged as information at V(2), not as
+// errors: they are how a replica learns it is the standby. Every other error, and every
+// error while leading, passes as it is.
+func standbyLogger(logger klog.Logger, leading *atomic.Bool) klog.Logger {
+	sink := logger.GetSink()
+	if sink == nil {
+		return logger
+	}
+	// One more frame (raceSink's) between the caller and the sink, so that klog names the
+	// caller's line. WithCallDepth returns a copy: the logger's own sink is left as it is.
+	if cd, ok := sink.(interface{ WithCallDepth(int) klog.LogSink }); ok {
+		sink = cd.WithCallDepth(1)
+	}
+	return klog.New(&raceSink{sink: sink, leading: leading})
+}
+
+// raceSink is the klog.LogSink behind standbyLogger.
+type raceSink struct {
+	sink    klog.LogSink
+	leading *atomic.Bool
+}
+
+// Init does nothing: the wrapped sink was initialised by the logger it comes from, and
+// initialising it again would change that logger's call depth too.
+func (s *raceSink) Init(klog.RuntimeInfo) {}
+
+func (s *raceSink) Enabled(level int) bool { return s.sink.Enabled(level) }
+
+func (s *raceSink) Info(level int, msg string, kv ...any) { s.sink.Info(level, msg, kv...) }
+
+func (s *raceSink) Error(err error, msg string, kv ...any) {
+	if !s.leading.Load() && (apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err)) {
+		if s.sink.Enabled(2) {
+			s.sink.Info(2, "Another replica got to the leader Lease first; standing by",
+				append(kv, "elector", msg, "err", err.Error())...)
+		}
+		return
+	}
+	s.sink.Error(err, msg, kv...)
+}
+
+func (s *raceSink) WithValues(kv ...any) klog.LogSink {
+	return &raceSink{sink: s.sink.WithValues(kv...), leading: s.leading}
+}
+
+func (s *raceSink) WithName(name string) klog.LogSink {
+	return &raceSink{sink: s.sink.WithName(name), leading: s.leading}
 }

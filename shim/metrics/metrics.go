@@ -4,6 +4,17 @@
 // registry the caller passes, so that tests can have their own; nothing is registered on
 // the global default registry.
 //
+// Only the leader serves the Job metrics. Of the replicas of a leader-elected shim, only
+// the one holding the Lease syncs Jobs, so a standby's coroner_managed_jobs would say 0 and
+// its counters would stay flat beside the leader's: a Service spanning both replicas would
+// answer with either, and sum() over the replicas would mix them. So every replica serves
+// coroner_leader (1 on the leader, 0 on a standby) and the process's own go_* and process_*
+// metrics, and only the leader serves the coroner_* Job metrics below (SetLeader gates
+// them). Prometheus scrapes every replica (the coroner-shim-metrics Service's endpoints, or
+// the ServiceMonitor in deploy/monitoring): the Job series come from whichever replica
+// leads, with its pod as their instance, and "no shim leader" is sum(coroner_leader) < 1.
+// A new leader's counters start at 0 on a new series, which rate() and increase() handle.
+//
 // Label values are the built-in controller's, so that dashboards carry over:
 //
 //	completion_mode  Indexed, NonIndexed
@@ -16,6 +27,8 @@
 package metrics
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/coroner-dev/coroner/shim/jobsync"
@@ -111,12 +124,49 @@ type Metrics struct {
 	// NodeFenced, DeletionByPodGC, StaleDisruptionTarget), of the pods of managed Jobs and,
 	// with --recover-pods=all, of the other opted-in pods.
 	PodsRecovered *prometheus.CounterVec
+
+	// Leader (coroner_leader, gauge) is 1 while this replica leads (holds the leader Lease,
+	// or runs without leader election), 0 while it stands by. Always served. No labels.
+	Leader prometheus.Gauge
+
+	// leading gates the Job metrics above: they are collected only while it is true.
+	leading *atomic.Bool
+}
+
+// leaderOnly collects its collectors only while leading is true. It describes them always,
+// so that the registry checks their names and labels once, at registration.
+type leaderOnly struct {
+	leading    *atomic.Bool
+	collectors []prometheus.Collector
+}
+
+func (l leaderOnly) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range l.collectors {
+		c.Describe(ch)
+	}
+}
+
+func (l leaderOnly) Collect(ch chan<- prometheus.Metric) {
+	if !l.leading.Load() {
+		return
+	}
+	for _, c := range l.collectors {
+		c.Collect(ch)
+	}
 }
 
 // New creates the metrics and registers them on reg. It panics if reg already holds
-// metrics of the same names (register once per registry).
+// metrics of the same names (register once per registry). The metrics start as the
+// leader's (coroner_leader 1, the Job metrics served): a replica under leader election
+// calls SetLeader(false) before it serves them.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
+		leading: new(atomic.Bool),
+		Leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace,
+			Name:      "leader",
+			Help:      "1 while this replica leads (holds the leader Lease, or runs without leader election) and serves the Job metrics, 0 while it stands by.",
+		}),
 		JobSyncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace,
 			Name:      "job_sync_duration_seconds",
@@ -164,7 +214,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:      "Pods the shim recovered from a node failure (of managed Jobs, and other opted-in pods with --recover-pods=all). action: ForceTerminate (zombie or fenced node), FailOrphan (node gone), ClearDisruption (stale DisruptionTarget), DeleteTerminal (terminal pod being deleted on an unreachable node); reason: NodeUnreachable, NodeFenced, DeletionByPodGC, StaleDisruptionTarget.",
 		}, []string{"action", "reason"}),
 	}
-	reg.MustRegister(
+	reg.MustRegister(m.Leader, leaderOnly{leading: m.leading, collectors: []prometheus.Collector{
 		m.JobSyncDuration,
 		m.PodsRecovered,
 		m.JobsFinished,
@@ -174,8 +224,23 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.JobPodsCreation,
 		m.TerminatedPodsTrackingFinalizer,
 		m.ManagedJobs,
-	)
+	}})
+	m.SetLeader(true)
 	return m
+}
+
+// SetLeader records whether this replica leads: coroner_leader is set to 1 or 0, and the
+// Job metrics are served only while it leads. A nil m records nothing.
+func (m *Metrics) SetLeader(leading bool) {
+	if m == nil {
+		return
+	}
+	m.leading.Store(leading)
+	v := 0.0
+	if leading {
+		v = 1
+	}
+	m.Leader.Set(v)
 }
 
 // Record adds the decisions of one carried-out Plan: pod failures by action, finished

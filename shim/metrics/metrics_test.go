@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,8 +13,15 @@ import (
 	"github.com/coroner-dev/coroner/shim/jobsync"
 )
 
-// samples returns every counter and gauge sample of reg as "name{l1=v1,...} value".
+// samples returns every counter and gauge sample of reg as "name{l1=v1,...} value",
+// except coroner_leader's (TestLeader checks it).
 func samples(t *testing.T, reg *prometheus.Registry) []string {
+	t.Helper()
+	return allSamples(t, reg, "coroner_leader")
+}
+
+// allSamples is samples with only the metrics named in skip left out.
+func allSamples(t *testing.T, reg *prometheus.Registry, skip ...string) []string {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -21,6 +29,9 @@ func samples(t *testing.T, reg *prometheus.Registry) []string {
 	}
 	var out []string
 	for _, mf := range mfs {
+		if slices.Contains(skip, mf.GetName()) {
+			continue
+		}
 		for _, m := range mf.GetMetric() {
 			var labels []string
 			for _, l := range m.GetLabel() {
@@ -154,8 +165,48 @@ func TestRegistries(t *testing.T) {
 	New(a)
 }
 
+// TestLeader checks that only the leader serves the Job metrics: a standby serves
+// coroner_leader 0 and nothing else of coroner's, and what the Job metrics hold survives
+// a standby period.
+func TestLeader(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.ManagedJobs.Set(3)
+	m.PodsCreated(jobsync.CreateNew, Succeeded, 2)
+	leading := []string{
+		"coroner_job_pods_creation_total{reason=new,status=succeeded} 2",
+		"coroner_leader{} 1",
+		"coroner_managed_jobs{} 3",
+	}
+	for _, step := range []struct {
+		name    string
+		leading bool
+		want    []string
+	}{
+		{name: "new: leads", leading: true, want: leading},
+		{name: "standing by", leading: false, want: []string{"coroner_leader{} 0"}},
+		{name: "leading again", leading: true, want: leading},
+	} {
+		if step.name != "new: leads" {
+			m.SetLeader(step.leading)
+		}
+		if diff := cmp.Diff(step.want, allSamples(t, reg)); diff != "" {
+			t.Errorf("%s: samples (-want +got):\n%s", step.name, diff)
+		}
+	}
+	// The standby's registry still describes every metric: registering them again fails.
+	m.SetLeader(false)
+	defer func() {
+		if recover() == nil {
+			t.Errorf("registering the metrics twice on one registry did not panic while standing by")
+		}
+	}()
+	New(reg)
+}
+
 func TestNilMetrics(t *testing.T) {
 	var m *Metrics
+	m.SetLeader(true)
 	m.Record(jobsync.Observations{PodsFinished: map[string]int{"failed": 1}}, "NonIndexed", BackoffLimitGlobal)
 	m.PodsCreated(jobsync.CreateNew, Succeeded, 1)
 }

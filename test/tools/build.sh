@@ -8,9 +8,10 @@
 # A binary is rebuilt only when it is missing or was built from different inputs (its stamp
 # file records their checksum), so repeated runs take a second.
 #
-# Named only (not in the default set): kubeadm, kube-proxy, kind and coredns, for test/kind.
+# Named only (not in the default set): kubeadm, kube-proxy, kind and coredns, for test/kind;
+# helm, prometheus and promtool, for test/deploy and test/e2e's Prometheus test.
 #
-# usage: test/tools/build.sh [NAME ...]   (default: every tool but those four)
+# usage: test/tools/build.sh [NAME ...]   (default: every tool but those seven)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -25,7 +26,13 @@ all=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl 
 # Built only when named (test/kind's node image and cluster need them, nothing else does).
 kind_version=v0.32.0
 coredns_version=v1.14.2
-extra=(kubeadm kube-proxy kind coredns)
+# Built only when named: the Helm chart's test (test/deploy) and the monitoring tests
+# (promtool test rules; a real Prometheus scraping the lab in test/e2e).
+helm_version=v4.3.1
+# Prometheus v3.16.0: its Go module tags a 3.x release as v0.3xx.y.
+prometheus_version=v0.316.0
+prometheus_release=3.16.0
+extra=(kubeadm kube-proxy kind coredns helm prometheus promtool)
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${all[@]}")
 
@@ -90,6 +97,24 @@ for name in "${names[@]}"; do
       build_module coredns "$coredns_version" "$out/coredns" \
         "-s -w -X github.com/coredns/coredns/coremain.GitCommit=module" "" 0 \
         "github.com/coredns/coredns@$coredns_version"
+      continue ;;
+    helm)
+      # Helm from its module (helm.sh/helm/v4 has no replace or exclude directive, so go
+      # install builds it with its own dependency versions). The version is stamped so that
+      # `helm version` and the chart's kubeVersion checks see a real one.
+      build_module helm "$helm_version" "$out" \
+        "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version -X helm.sh/helm/v4/internal/version.gitTreeState=clean" \
+        "" 0 "helm.sh/helm/v4/cmd/helm@$helm_version"
+      continue ;;
+    prometheus|promtool)
+      # Prometheus and promtool from github.com/prometheus/prometheus (v0.316.0 is Prometheus
+      # 3.16.0), without the web UI's assets (no builtinassets tag: the UI is not needed, the
+      # HTTP API is) and with only the kubernetes, file and static service discoveries
+      # (remove_all_sd: the cloud providers' SDKs are not needed).
+      build_module "$name" "$prometheus_version" "$out" \
+        "-s -w -X github.com/prometheus/common/version.Version=$prometheus_release -X github.com/prometheus/common/version.Revision=module -X github.com/prometheus/common/version.Branch=module -X github.com/prometheus/common/version.BuildUser=coroner -X github.com/prometheus/common/version.BuildDate=19700101-00:00:00" \
+        "remove_all_sd enable_kubernetes_sd" 0 \
+        "github.com/prometheus/prometheus/cmd/$name@$prometheus_version"
       continue ;;
     kubeadm|kube-proxy)
       # kubeadm and kube-proxy import modules the other Kubernetes tools do not

@@ -1,0 +1,162 @@
+package deploy
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/spf13/pflag"
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/coroner-dev/coroner/agent"
+	"github.com/coroner-dev/coroner/shim"
+)
+
+// helmLabels are the labels the chart adds to every object, as Helm's charts do, and
+// kustomize does not: set aside (after checking them) when the two are compared.
+var helmLabels = []string{"helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by"}
+
+// helmTemplate renders the chart as release "coroner" in coroner-system.
+func helmTemplate(t *testing.T, args ...string) map[string]*unstructured.Unstructured {
+	t.Helper()
+	args = append([]string{"template", "coroner", ChartDir, "--namespace", "coroner-system"}, args...)
+	return objects(t, "helm "+strings.Join(args, " "), run(t, "helm", args...))
+}
+
+// withoutHelmLabels checks that every object carries Helm's labels and removes them.
+func withoutHelmLabels(t *testing.T, objs map[string]*unstructured.Unstructured) {
+	t.Helper()
+	for key, u := range objs {
+		labels := u.GetLabels()
+		for _, l := range helmLabels {
+			if labels[l] == "" {
+				t.Errorf("helm: %s has no label %s", key, l)
+			}
+			delete(labels, l)
+		}
+		u.SetLabels(labels)
+	}
+}
+
+// TestHelmTemplateMatchesKustomize checks that the chart, with its default values,
+// renders the objects of `kubectl kustomize deploy/base`: the same set, each equal field by
+// field once Helm's own labels are set aside.
+func TestHelmTemplateMatchesKustomize(t *testing.T) {
+	_ = run(t, "helm", "lint", "--strict", ChartDir)
+	got := helmTemplate(t)
+	want := objects(t, "kubectl kustomize deploy/base", run(t, "kubectl", "kustomize", "deploy/base"))
+	withoutHelmLabels(t, got)
+	if diff := cmp.Diff(slices.Sorted(maps.Keys(want)), slices.Sorted(maps.Keys(got))); diff != "" {
+		t.Errorf("objects (-kustomize +helm):\n%s", diff)
+	}
+	for key, w := range want {
+		if g, ok := got[key]; ok {
+			if diff := cmp.Diff(w.Object, g.Object); diff != "" {
+				t.Errorf("%s (-kustomize +helm):\n%s", key, diff)
+			}
+		}
+	}
+}
+
+// TestHelmValues renders the chart with every setting changed from its default and checks
+// that the values reach the objects, and that the containers' arguments are flags of
+// coroner-agent and coroner-shim that pass their validation.
+func TestHelmValues(t *testing.T) {
+	objs := helmTemplate(t,
+		"--set", "agent.image.repository=registry.example/coroner-agent,agent.image.tag=v1,agent.image.pullPolicy=Always",
+		"--set", "agent.fencing.enabled=true,agent.fencing.fenceAfter=45s,agent.runtimeEndpoint=unix:///run/containerd/containerd.sock",
+		"--set", "agent.extraArgs={--phase-grace=20s}",
+		"--set", "shim.image.repository=registry.example/coroner-shim,shim.image.tag=v1,shim.replicas=3",
+		"--set", "shim.recoverPods=managed,shim.zombieThreshold=30s,shim.fenceMargin=20s,shim.managedBy=example.com/shim",
+		"--set", "shim.leaderElection.leaseName=other-shim,shim.leaderElection.leaseDuration=6s,shim.leaderElection.renewDeadline=4s,shim.leaderElection.retryPeriod=1s",
+		"--set", "namespace.create=false,admissionPolicy.enabled=false,clusterNamePrefix=second-",
+	)
+	for key := range objs {
+		switch {
+		case strings.Contains(key, " Namespace "), strings.Contains(key, "ValidatingAdmissionPolicy"):
+			t.Errorf("%s rendered although turned off", key)
+		case strings.Contains(key, " ClusterRole") && !strings.Contains(key, " /second-coroner-"):
+			t.Errorf("%s: cluster-scoped without clusterNamePrefix", key)
+		}
+	}
+	role := objs["rbac.authorization.k8s.io/v1 Role coroner-system/coroner-shim"]
+	if role == nil || !strings.Contains(mustJSON(t, role), `"resourceNames":["other-shim"]`) {
+		t.Errorf("the shim's Role does not let it update the Lease other-shim: %v", role)
+	}
+
+	var ds appsv1.DaemonSet
+	fromUnstructured(t, objs["apps/v1 DaemonSet coroner-system/coroner-agent"], &ds)
+	a := ds.Spec.Template.Spec.Containers[0]
+	if a.Image != "registry.example/coroner-agent:v1" || a.ImagePullPolicy != "Always" {
+		t.Errorf("agent image %s (%s)", a.Image, a.ImagePullPolicy)
+	}
+	t.Setenv("NODE_NAME", "node-a") // the downward API's, as the kubelet sets it
+	t.Setenv("POD_NAMESPACE", "coroner-system")
+	aopts := agent.NewOptions()
+	parseFlags(t, "coroner-agent", aopts.AddFlags, a.Args, map[string]string{"NODE_NAME": "node-a"})
+	if !aopts.Fencing || aopts.FenceAfter.String() != "45s" || aopts.RuntimeEndpoint != "unix:///run/containerd/containerd.sock" || aopts.PhaseGrace.String() != "20s" {
+		t.Errorf("agent options: fencing %v after %v, endpoint %q, phase grace %v", aopts.Fencing, aopts.FenceAfter, aopts.RuntimeEndpoint, aopts.PhaseGrace)
+	}
+	if err := aopts.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	if err := aopts.Validate(); err != nil {
+		t.Errorf("agent arguments %q: %v", a.Args, err)
+	}
+
+	var dep appsv1.Deployment
+	fromUnstructured(t, objs["apps/v1 Deployment coroner-system/coroner-shim"], &dep)
+	s := dep.Spec.Template.Spec.Containers[0]
+	if s.Image != "registry.example/coroner-shim:v1" || *dep.Spec.Replicas != 3 {
+		t.Errorf("shim image %s, %d replicas", s.Image, *dep.Spec.Replicas)
+	}
+	sopts := shim.NewOptions()
+	parseFlags(t, "coroner-shim", sopts.AddFlags, s.Args, nil)
+	if sopts.RecoverPods != "managed" || sopts.ZombieThreshold.String() != "30s" || sopts.FenceMargin.String() != "20s" ||
+		sopts.ManagedBy != "example.com/shim" || sopts.LeaseName != "other-shim" || sopts.LeaseDuration.String() != "6s" ||
+		sopts.RenewDeadline.String() != "4s" || sopts.RetryPeriod.String() != "1s" || !sopts.LeaderElect {
+		t.Errorf("shim options from %q: %+v", s.Args, sopts)
+	}
+	if err := sopts.Validate(); err != nil {
+		t.Errorf("shim arguments %q: %v", s.Args, err)
+	}
+}
+
+func parseFlags(t *testing.T, name string, add func(*pflag.FlagSet), args []string, vars map[string]string) {
+	t.Helper()
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	add(fs)
+	expanded := make([]string, len(args))
+	for i, a := range args {
+		for k, v := range vars {
+			a = strings.ReplaceAll(a, "$("+k+")", v)
+		}
+		expanded[i] = a
+	}
+	if err := fs.Parse(expanded); err != nil {
+		t.Errorf("%s %q: %v", name, args, err)
+	}
+}
+
+func fromUnstructured(t *testing.T, u *unstructured.Unstructured, into any) {
+	t.Helper()
+	if u == nil {
+		t.Fatalf("missing object for %T", into)
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, into, true); err != nil {
+		t.Fatalf("%s: %v", u.GetName(), err)
+	}
+}
+
+func mustJSON(t *testing.T, u *unstructured.Unstructured) string {
+	t.Helper()
+	b, err := u.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
