@@ -29,7 +29,9 @@ usage: coroner-lab [flags] COMMAND
   down        stop everything the lab started and remove what it created
   status      the lab's processes, nodes and pods (exit 3 when it is not up)
   kubeconfig  print the kubeconfig path: export KUBECONFIG=$(coroner-lab kubeconfig)
-  demo        run the demo Job again`
+  demo        run the demo Job again
+  redeploy    rebuild coroner-agent and coroner-shim, load their images on every node,
+              apply the overlay again and restart coroner's workloads (after a code change)`
 
 func main() {
 	var opts struct {
@@ -45,7 +47,7 @@ func main() {
 	fs.StringVar(&opts.overlay, "overlay", "", "up: the kustomization that deploys coroner (default deploy/overlays/lab)")
 	cli.Parse(fs, summary, os.Args[1:])
 	if fs.NArg() != 1 {
-		cli.Fail(fs.Name(), errors.New("want exactly one command: up, down, status, kubeconfig or demo"))
+		cli.Fail(fs.Name(), errors.New("want exactly one command: up, down, status, kubeconfig, demo or redeploy"))
 	}
 	cfg, err := lab.DefaultConfig()
 	if err != nil {
@@ -79,8 +81,10 @@ func main() {
 		}
 	case "demo":
 		err = lab.Demo(ctx, cfg)
+	case "redeploy":
+		err = lab.Redeploy(ctx, cfg)
 	default:
-		cli.Fail(fs.Name(), fmt.Errorf("unknown command %q: want up, down, status, kubeconfig or demo", cmd))
+		cli.Fail(fs.Name(), fmt.Errorf("unknown command %q: want up, down, status, kubeconfig, demo or redeploy", cmd))
 	}
 	if err != nil {
 		fail(err)

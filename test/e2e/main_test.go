@@ -29,6 +29,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -137,7 +138,19 @@ func setup(t *testing.T, timeout time.Duration) (context.Context, string) {
 	}
 	name = strings.TrimRight(name, "-")
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if _, err := suite.cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+	// A namespace of an earlier run that failed (kept for a look) goes first: a second run
+	// on a lab that is kept up must not fail on it.
+	err := lab.Poll(ctx, 2*time.Minute, "namespace "+name+" of an earlier run to go", func() (bool, error) {
+		_, err := suite.cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+		if !apierrors.IsAlreadyExists(err) {
+			return true, err
+		}
+		if err := suite.cs.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return false, err
+		}
+		return false, nil
+	})
+	if err != nil {
 		t.Fatalf("create namespace %s: %v", name, err)
 	}
 	if err := waitDefaultServiceAccount(ctx, name); err != nil {

@@ -403,3 +403,14 @@ func (s *State) proc(name string) (Proc, bool) {
 	}
 	return s.Processes[i], true
 }
+
+// SqueezeCgroup is OOM's squeeze for a memory cgroup of this machine named by its path
+// relative to the hierarchy root, for the nodes of another lab whose cgroups are this
+// machine's (a kind node's kubepods, test/kind): it lowers the limit to the usage, waits
+// for a kill in it or timeout, and restores the limit at once.
+func SqueezeCgroup(ctx context.Context, rel string, timeout time.Duration) (OOMResult, error) {
+	if os.Geteuid() != 0 {
+		return OOMResult{}, errNotRoot("an OOM squeeze")
+	}
+	return squeeze(ctx, strings.TrimPrefix(rel, "/"), timeout)
+}

@@ -496,7 +496,11 @@ func (c Config) VMExec(ctx context.Context, command string) ([]byte, error) {
 
 // vmSqueeze is OOM's squeeze (chaos.go) for the VM node, run in the guest by bash over
 // ssh, since the cgroups are the guest's: it finds the cgroup (%[1]s: kubepods.slice, or
-// the candidate paths of the pod's slice), lowers its memory.max to memory.current, waits
+// the candidate paths of the pod's slice), lowers its memory.max to memory.current plus
+// 8 MiB (headroom for the small allocations of the node's other pods, the agent among
+// them: only the pod that keeps growing reaches the limit; at memory.current itself the
+// agent was killed once, in the half second a slow TCG guest took to free the first
+// victim's memory), waits
 // in a tight loop of shell builtins until the oom_kill count of its memory.events
 // (hierarchical on cgroup v2: a kill in a container's scope counts in its pod's slice and
 // in kubepods.slice) goes up or %[2]d microseconds pass, and
@@ -513,6 +517,7 @@ trap restore EXIT
 trap 'exit 1' HUP INT TERM PIPE
 kills; before=$K
 read -r usage <"$cg/memory.current"
+usage=$((usage + 8388608))
 start=${EPOCHREALTIME/./}; now=$start
 echo "$usage" >"$cg/memory.max" || { echo "coroner-oom: the kernel refused memory.max $usage"; exit 4; }
 while :; do
