@@ -38,6 +38,9 @@ type Options struct {
 	PodBackoffBase  time.Duration
 	PodBackoffMax   time.Duration
 	ZombieThreshold time.Duration
+	// OOMVerdictWait is how long a Failed pod whose container was OOM-killed waits for
+	// the agent's verdict before its failure is decided (policy.AwaitingVerdict).
+	OOMVerdictWait time.Duration
 	// AgentNamespace is where the agents' fencing Leases are (Z2); FenceMargin is added
 	// to an agent's fence-after before its silence counts as fenced.
 	AgentNamespace string
@@ -73,6 +76,7 @@ func NewOptions() *Options {
 		PodBackoffBase:  10 * time.Second,
 		PodBackoffMax:   10 * time.Minute,
 		ZombieThreshold: 60 * time.Second,
+		OOMVerdictWait:  30 * time.Second,
 		AgentNamespace:  ns,
 		FenceMargin:     15 * time.Second,
 
@@ -100,6 +104,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.PodBackoffBase, "pod-failure-backoff-base", o.PodBackoffBase, "First delay before a failed pod is replaced; it doubles with each further failure (S4, S6).")
 	fs.DurationVar(&o.PodBackoffMax, "pod-failure-backoff-max", o.PodBackoffMax, "Upper bound of the replacement delay.")
 	fs.DurationVar(&o.ZombieThreshold, "zombie-threshold", o.ZombieThreshold, "How long after its deletion time an opted-in pod (annotation coroner.dev/safe-to-forcefully-delete or Kueue's) may stay terminating on an unreachable node before it is failed and force-deleted (Z1).")
+	fs.DurationVar(&o.OOMVerdictWait, "oom-verdict-wait", o.OOMVerdictWait, "How long a Failed pod whose container was OOM-killed, with neither coroner.dev/OOMKilled nor DisruptionTarget, waits for coroner-agent's verdict (limit or node OOM) before its failure is decided, when the Job's podFailurePolicy has a rule on pod conditions: the agent stamps before the kubelet's Failed unless it is down at that moment (restarting, or killed by the same node OOM). 0 decides at once.")
 	fs.StringVar(&o.AgentNamespace, "agent-namespace", o.AgentNamespace, "Namespace of coroner-agent's fencing Leases (coroner-agent-<node>); default $POD_NAMESPACE, else coroner-system (Z2).")
 	fs.DurationVar(&o.FenceMargin, "fence-margin", o.FenceMargin, "Added to an agent's --fence-after before a node whose agent stopped renewing its Lease counts as fenced, and its opted-in pods are recovered without waiting (Z2): clock skew, the agent's relist period, the time to stop containers.")
 	fs.StringVar(&o.RecoverPods, "recover-pods", o.RecoverPods, "Whose pods stuck on a lost node are recovered: \"all\" recovers every pod opted in by annotation (coroner.dev/safe-to-forcefully-delete, or Kueue's kueue.x-k8s.io/safe-to-forcefully-terminate or kueue.x-k8s.io/safe-to-forcefully-delete, set to \"true\"), whoever owns it (a built-in Job, a JobSet, a bare pod...), as Kueue's failure recovery does: Z1 and Z2, and the forced deletion of a terminal pod being deleted on an unreachable node; this watches every pod, keeping a stripped copy of those that are not Jobs' pods. \"managed\" recovers only the pods of the Jobs this shim manages (Z1-Z4). Orphans (Z3) and stale DisruptionTargets (Z4) are handled for managed Jobs' pods only, either way.")
@@ -150,6 +155,9 @@ func (o *Options) Validate() error {
 	}
 	if r := controller.RecoverScope(o.RecoverPods); r != controller.RecoverAll && r != controller.RecoverManaged {
 		errs = append(errs, fmt.Errorf("--recover-pods=%q: want %q or %q", o.RecoverPods, controller.RecoverAll, controller.RecoverManaged))
+	}
+	if o.OOMVerdictWait < 0 {
+		errs = append(errs, fmt.Errorf("--oom-verdict-wait=%v: must not be negative", o.OOMVerdictWait))
 	}
 	if o.ZombieThreshold <= 0 {
 		errs = append(errs, fmt.Errorf("--zombie-threshold=%v: must be positive", o.ZombieThreshold))

@@ -70,10 +70,11 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 	ctrl := controller.New(client, controller.Config{
-		ManagedBy: opts.ManagedBy,
-		Backoff:   backoff.Policy{Base: opts.PodBackoffBase, Max: opts.PodBackoffMax},
-		Workers:   opts.Workers,
-		Metrics:   m,
+		ManagedBy:      opts.ManagedBy,
+		Backoff:        backoff.Policy{Base: opts.PodBackoffBase, Max: opts.PodBackoffMax},
+		Workers:        opts.Workers,
+		Metrics:        m,
+		OOMVerdictWait: opts.OOMVerdictWait,
 		Recovery: recovery.Config{
 			Threshold:   opts.ZombieThreshold,
 			FenceMargin: opts.FenceMargin,

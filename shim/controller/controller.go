@@ -73,6 +73,9 @@ type Config struct {
 	// BatchPeriod delays the sync after a pod event, so that the events of one Job's
 	// pods are handled in one sync; default 1s.
 	BatchPeriod time.Duration
+	// OOMVerdictWait is how long a Failed pod whose container was OOM-killed waits for the
+	// agent's verdict (jobsync.Input.VerdictWait); 0: no wait.
+	OOMVerdictWait time.Duration
 	// Workers is the number of Jobs synced concurrently; default 5.
 	Workers int
 	// Clock is the controller's clock; default clock.RealClock{}.

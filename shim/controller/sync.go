@@ -105,6 +105,7 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 		Record:                 record,
 		ExpectationsSatisfied:  satisfied,
 		FinalizersBeingRemoved: beingRemoved,
+		VerdictWait:            c.cfg.OOMVerdictWait,
 	})
 	if plan.Skip != "" {
 		logger.V(2).Info("Not syncing the Job", "why", plan.Skip)

@@ -58,6 +58,10 @@ type Input struct {
 	// FinalizersBeingRemoved are the UIDs of pods whose tracking finalizer removal was
 	// issued but not yet observed; Sync treats them as already without the finalizer.
 	FinalizersBeingRemoved sets.Set[types.UID]
+	// VerdictWait is how long a Failed pod whose container was OOM-killed waits for the
+	// agent's verdict (coroner.dev/OOMKilled or DisruptionTarget) when the Job's policy
+	// has a rule on pod conditions (policy.AwaitingVerdict); 0: no wait.
+	VerdictWait time.Duration
 }
 
 // Plan is what the controller must do for the Job.

@@ -81,7 +81,11 @@ func Sync(in Input) Plan {
 		return plan
 	}
 
+	var verdictWait time.Duration
+	in.Pods, verdictWait = awaitVerdicts(in)
+
 	s := &state{in: in, job: job, status: *job.Status.DeepCopy(), now: metav1.NewTime(in.Now.Truncate(time.Second))}
+	s.requeueAfter(verdictWait)
 	s.indexed = isIndexed(job)
 	if job.Spec.Completions != nil {
 		s.completions = int(*job.Spec.Completions)
@@ -905,4 +909,37 @@ func adjust(p *Plan, old *batchv1.JobStatus, failedCreates int, failedDeletes []
 		p.Events = slices.DeleteFunc(p.Events, func(e Event) bool { return e.Reason == "Completed" || e.Reason == "TooManySucceededPods" })
 	}
 	p.WriteStatus = !equality.Semantic.DeepEqual(*old, p.Status)
+}
+
+// awaitVerdicts returns the pods as this sync sees them: a Failed pod whose OOM kill
+// still waits for the agent's verdict (policy.AwaitingVerdict) is seen as it was a moment
+// before, Running: not counted, not replaced, its finalizer kept, until the verdict is in
+// or the wait is over. The second result is the shortest wait left, for a requeue. The
+// informer's pods are not modified: a waiting pod is a shallow copy with its own status.
+func awaitVerdicts(in Input) ([]*corev1.Pod, time.Duration) {
+	var pods []*corev1.Pod
+	var shortest time.Duration
+	for i, p := range in.Pods {
+		left := policy.AwaitingVerdict(in.Job, p, in.Now, in.VerdictWait)
+		if left <= 0 {
+			if pods != nil {
+				pods = append(pods, p)
+			}
+			continue
+		}
+		if pods == nil {
+			pods = append(make([]*corev1.Pod, 0, len(in.Pods)), in.Pods[:i]...)
+		}
+		view := *p
+		view.Status = *p.Status.DeepCopy()
+		view.Status.Phase = corev1.PodRunning
+		pods = append(pods, &view)
+		if shortest == 0 || left < shortest {
+			shortest = left
+		}
+	}
+	if pods == nil {
+		return in.Pods, 0
+	}
+	return pods, shortest
 }

@@ -623,3 +623,49 @@ func TestFinalizersInFlightAddNoFailedIndexes(t *testing.T) {
 		t.Errorf("failedIndexes %q while the finalizer removals are in flight, want 1,4", got)
 	}
 }
+
+// TestOOMKillWaitsForTheAgentsVerdict: a pod OOM-killed without coroner's stamp, under a
+// policy that reads pod conditions, is neither counted nor replaced while the agent's
+// verdict may still come (VerdictWait after the container finished); the sync asks to be
+// requeued then. With the stamp (a node OOM: DisruptionTarget), the Ignore rule applies;
+// past the wait without it, the failure counts.
+func TestOOMKillWaitsForTheAgentsVerdict(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Completions(1).PodFailurePolicy(
+		wrappers.OnPodCondition(batchv1.PodFailurePolicyActionIgnore, corev1.DisruptionTarget)))
+	oomKilled := func(ago time.Duration) *wrappers.PodWrapper {
+		w := failed("p", 137).FinishedAt(now.Add(-ago))
+		w.Obj().Status.ContainerStatuses[0].State.Terminated.Reason = "OOMKilled"
+		return w
+	}
+	in := func(p *corev1.Pod) Input {
+		return Input{Job: j, Pods: []*corev1.Pod{p}, Now: now, Backoff: backoff.Default, ExpectationsSatisfied: true,
+			FinalizersBeingRemoved: sets.New[types.UID](), VerdictWait: 30 * time.Second}
+	}
+
+	waiting := tracked(oomKilled(10 * time.Second))
+	plan := Sync(in(waiting))
+	if len(plan.Create) != 0 || len(plan.RemoveFinalizer) != 0 || plan.Status.Failed != 0 || len(plan.Status.UncountedTerminatedPods.Failed) != 0 {
+		t.Errorf("awaiting the verdict: create %d, remove finalizers %d, failed %d, uncounted %v; want nothing done",
+			len(plan.Create), len(plan.RemoveFinalizer), plan.Status.Failed, plan.Status.UncountedTerminatedPods.Failed)
+	}
+	if plan.RequeueAfter < 19*time.Second || plan.RequeueAfter > 21*time.Second {
+		t.Errorf("RequeueAfter %v, want about 20s (the rest of the wait)", plan.RequeueAfter)
+	}
+	if waiting.Status.Phase != corev1.PodFailed {
+		t.Errorf("the informer's pod was modified: phase %s", waiting.Status.Phase)
+	}
+
+	stamped := tracked(oomKilled(10 * time.Second).Condition(corev1.DisruptionTarget, corev1.ConditionTrue))
+	plan = Sync(in(stamped))
+	if len(plan.RemoveFinalizer) != 1 || len(plan.Status.UncountedTerminatedPods.Failed) != 0 {
+		t.Errorf("stamped node OOM: remove finalizers %d, uncounted failed %v; want the finalizer off and the failure ignored",
+			len(plan.RemoveFinalizer), plan.Status.UncountedTerminatedPods.Failed)
+	}
+
+	late := tracked(oomKilled(31 * time.Second))
+	plan = Sync(in(late))
+	if len(plan.RemoveFinalizer) != 1 || len(plan.Status.UncountedTerminatedPods.Failed) != 1 {
+		t.Errorf("past the wait: remove finalizers %d, uncounted failed %v; want the failure counted",
+			len(plan.RemoveFinalizer), plan.Status.UncountedTerminatedPods.Failed)
+	}
+}
