@@ -10,7 +10,7 @@ PKGS_UNIT := ./cmd/... ./conditions/... ./shim/... ./agent/... ./cri/...
 PKGS_INTEGRATION := ./test/...
 MAINS    := coroner-shim coroner-agent coronerctl
 
-.PHONY: all deps build tools lint test test-unit test-integration fuzz bench bench-agent bench-shim bench-nodeloss lab lab-down lab-status test-lab e2e e2e-kind kind-image kind-lab kind-down clean help FORCE
+.PHONY: all deps build tools deploy-tools helm-test lint test test-unit test-integration fuzz bench bench-agent bench-shim bench-nodeloss lab lab-down lab-redeploy lab-status test-lab e2e e2e-kind kind-image kind-lab kind-down clean help FORCE
 
 all: build lint test
 
@@ -20,6 +20,7 @@ help: ## list the targets
 build: ## build coroner-shim, coroner-agent and coronerctl into _output/bin
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(MAINS))
+	ln -sf coronerctl $(BIN)/kubectl-coroner
 
 deps: ## install the Debian packages the build, tests and lab need, when missing (root; says what it installs)
 	test/tools/deps.sh
@@ -45,6 +46,12 @@ test-unit: ## unit tests only: pure packages, no API server
 
 test-integration: tools ## integration tests against a real etcd + kube-apiserver and containerd
 	$(REQUIRE) $(GOTEST) -v $(PKGS_INTEGRATION)
+
+deploy-tools: ## Helm, Prometheus and promtool from their Go modules into _output/bin (~5 min cold, then seconds)
+	test/tools/build.sh helm prometheus promtool
+
+helm-test: tools deploy-tools ## the Helm chart vs kustomize, helm install into a real API server, promtool rule tests, dashboard queries
+	CORONER_REQUIRE_DEPLOY_TOOLS=1 $(REQUIRE) $(GOTEST) -v ./test/deploy/
 
 # Benchmarks are programs that print ratios measured side by side in one run.
 bench: bench-shim bench-agent bench-nodeloss ## every benchmark: P1 shim vs built-in, P2 agent, P3 node loss (root, ~8 min)
@@ -79,6 +86,10 @@ lab-down: $(LAB) ## stop the lab and remove everything it created (root)
 	$(ROOT_CHECK)
 	$(LAB) down
 
+lab-redeploy: $(LAB) ## after a code change: rebuild coroner's images, load them on every lab node, restart coroner (root)
+	$(ROOT_CHECK)
+	$(LAB) redeploy
+
 lab-status: $(LAB) ## the lab's processes, nodes and coroner's pods
 	$(LAB) status
 
@@ -88,8 +99,9 @@ test-lab: ## e2e: lab up, 3 nodes Ready with a busybox pod each, lab down leavin
 
 # The e2e suite uses the lab that is up, or brings one up and takes it down afterwards.
 # Its tests run in parallel (-parallel: more than the 2 cores, they mostly wait).
-e2e: build ## e2e suite on the lab: OOMs, evictions, preemption, drain, partition with real kubelets (root, ~4 min)
+e2e: build ## e2e suite on the lab: OOMs, evictions, preemption, drain, partition with real kubelets, a real Prometheus scraping coroner (root, ~4 min)
 	$(ROOT_CHECK)
+	test/tools/build.sh prometheus
 	CORONER_E2E=1 $(GOTEST) -v -timeout 30m -parallel 8 ./test/e2e/ $(E2E_ARGS)
 
 # The kind lab (issue 11): an offline node image, a kind cluster of 1 control plane and 2
@@ -108,8 +120,10 @@ kind-lab: kind-image ## kind cluster on our own dockerd with coroner deployed; K
 kind-down: ## delete the kind cluster, its network and our dockerd, leaving nothing behind (the image stays cached)
 	$(KIND) down
 
-e2e-kind: ## on the kind lab: a FailIndex Job through the shim and a limit OOM stamped (a smoke; the e2e suite on kind is still to come)
+e2e-kind: build ## the e2e suite on the kind lab (make kind-lab first): exit codes vs the built-in controller, OOMs, a node OOM, eviction, admission, a partitioned worker fenced (root)
+	$(ROOT_CHECK)
 	$(KIND) smoke
+	CORONER_E2E=1 CORONER_E2E_CLUSTER=kind $(GOTEST) -v -timeout 30m -parallel 8 ./test/e2e/ $(E2E_ARGS)
 
 FORCE:
 
