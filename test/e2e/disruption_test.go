@@ -68,6 +68,7 @@ func kubeletEviction(t *testing.T, node string) {
 // scheduler preempts the Job's two pods (DisruptionTarget PreemptionByScheduler), the
 // Ignore rule replaces them without counting; once the preemptor is gone they complete.
 func preemption(t *testing.T) {
+	notOnKind(t, "the preemptor's image (the lab's pause) is not in the kind nodes")
 	ctx, ns := setup(t, 4*time.Minute)
 	j := onNode(withResources(disruptedOnce("preempted", ns, 2, "true"), quantities("cpu", "100m"), nil), busyNode)
 	createJob(ctx, t, j)
@@ -107,6 +108,7 @@ func preemption(t *testing.T) {
 // chaos drain`: the eviction API stamps DisruptionTarget EvictionByEvictionAPI, the Ignore
 // rule replaces the pod without counting, on another node, and the Job completes.
 func drain(t *testing.T) {
+	notOnKind(t, "the drained pod's replacement needs a second disturbed node")
 	ctx, ns := setup(t, 4*time.Minute)
 	j := disruptedOnce("drained", ns, 1, "true")
 	// Not on the quiet node, whose tests a drain would disturb.

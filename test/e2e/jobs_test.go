@@ -310,9 +310,9 @@ func describe(ns, job string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	args := []string{"get", "jobs,pods", "-n", ns, "-o", "wide"}
-	out, _ := suite.cfg.Kubectl(ctx, nil, args...)
+	out, _ := kubectl(ctx, args...)
 	if job != "" {
-		d, _ := suite.cfg.Kubectl(ctx, nil, "describe", "job", "-n", ns, job)
+		d, _ := kubectl(ctx, "describe", "job", "-n", ns, job)
 		out = append(out, d...)
 	}
 	return string(out)

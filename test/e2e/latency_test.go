@@ -43,6 +43,9 @@ const (
 // stamped; the figures are logged, not asserted (machines are noisy).
 func exitToStamp(t *testing.T) {
 	nodes := []string{busyNode, oomNode}
+	if suite.kind {
+		nodes = []string{oomNode}
+	}
 	if suite.vm {
 		nodes = append(nodes, vmNode)
 		vmTurn(t)
@@ -219,6 +222,17 @@ func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 // VM node the guest's, forwarded over ssh once for the whole test.
 func dialNodeCRI(ctx context.Context, t *testing.T, node string) (*grpc.ClientConn, func()) {
 	t.Helper()
+	if suite.kind {
+		socket, err := suite.kc.NodeSocket(ctx, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return conn, func() { conn.Close() }
+	}
 	n, err := suite.cfg.NodeNamed(node)
 	if err != nil {
 		t.Fatal(err)

@@ -31,14 +31,18 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
+	kindlab "github.com/coroner-dev/coroner/test/kind"
 	"github.com/coroner-dev/coroner/test/lab"
 )
 
-// The nodes' roles in the suite.
-const (
+// The nodes' roles in the suite. On kind (CORONER_E2E_CLUSTER=kind) the two workers take
+// them: coroner-worker the quiet one, coroner-worker2 the disturbed one.
+var (
 	quietNode = "lab-node-1" // the parallel tests, which disturb no node
 	oomNode   = "lab-node-2" // node OOM, then a killed kubelet
 	busyNode  = "lab-node-3" // preemption, drain, then a partition
@@ -51,6 +55,23 @@ var suite struct {
 	cs      kubernetes.Interface
 	ownsLab bool // this run brought the lab up (and takes it down)
 	vm      bool // the lab has the VM node (nodes_test.go)
+	// kind: the suite runs on the kind cluster of test/kind (make kind-lab, then
+	// make e2e-kind), not on the lab; kc is that cluster.
+	kind bool
+	kc   kindlab.Config
+	// kubeconfig is the cluster's kubeconfig, the lab's or kind's.
+	kubeconfig string
+}
+
+// onKind reports whether the suite runs on the kind cluster.
+func onKind() bool { return os.Getenv("CORONER_E2E_CLUSTER") == "kind" }
+
+// notOnKind skips a case that has no meaning on the kind cluster, saying why.
+func notOnKind(t *testing.T, why string) {
+	t.Helper()
+	if suite.kind {
+		t.Skip("not on kind: " + why)
+	}
 }
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
@@ -71,8 +92,12 @@ func run(m *testing.M) int {
 	}
 	cfg.Out = os.Stderr
 	suite.cfg = cfg
+	suite.kubeconfig = cfg.Kubeconfig()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
+	if onKind() {
+		return runOnKind(ctx, m)
+	}
 	up, err := cfg.IsUp(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -148,6 +173,19 @@ func setup(t *testing.T, timeout time.Duration) (context.Context, string) {
 		if err := suite.cs.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			return false, err
 		}
+		// Pods go first when a namespace is deleted, and a Job's failed pod whose
+		// replacement cannot be created any more (the namespace is terminating) keeps its
+		// job-tracking finalizer: seen with the built-in Job controller and coroner-shim
+		// alike, the namespace then never goes. Take the finalizers off, as an operator would.
+		pods, err := suite.cs.CoreV1().Pods(name).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp != nil && len(p.Finalizers) > 0 {
+				_, _ = suite.cs.CoreV1().Pods(name).Patch(ctx, p.Name, types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`), metav1.PatchOptions{})
+			}
+		}
 		return false, nil
 	})
 	if err != nil {
@@ -181,11 +219,46 @@ func coronerctl(ctx context.Context, t *testing.T, args ...string) string {
 	t.Helper()
 	bin := filepath.Join(suite.cfg.BinDir, "coronerctl")
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+suite.cfg.Kubeconfig())
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+suite.kubeconfig)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("coronerctl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	t.Logf("coronerctl %s:\n%s", strings.Join(args, " "), out)
 	return string(out)
+}
+
+// runOnKind runs the suite on the kind cluster that is up (make kind-lab): the nodes'
+// roles go to its workers; there is no VM node.
+func runOnKind(ctx context.Context, m *testing.M) int {
+	kc, err := kindlab.New()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	suite.kind, suite.kc, suite.kubeconfig = true, kc, kc.Kubeconfig()
+	quietNode, oomNode, busyNode = kc.Cluster+"-worker", kc.Cluster+"-worker2", kc.Cluster+"-worker2"
+	if suite.rest, err = clientcmd.BuildConfigFromFlags("", suite.kubeconfig); err == nil {
+		suite.cs, err = kubernetes.NewForConfig(suite.rest)
+	}
+	if err == nil {
+		_, err = suite.cs.CoreV1().Nodes().Get(ctx, oomNode, metav1.GetOptions{})
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: the kind cluster %s is not up (make kind-lab): %v\n", kc.Cluster, err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "e2e: on the kind cluster %s (%s): %s quiet, %s disturbed\n", kc.Cluster, suite.kubeconfig, quietNode, oomNode)
+	code := m.Run()
+	if code != 0 {
+		out, _ := kubectl(context.Background(), "get", "nodes,pods", "-A", "-o", "wide")
+		fmt.Fprintf(os.Stderr, "e2e: failed; the kind cluster at the end:\n%s\n", out)
+	}
+	return code
+}
+
+// kubectl runs the lab's kubectl against the suite's cluster.
+func kubectl(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(suite.cfg.BinDir, "kubectl"), append([]string{"--kubeconfig=" + suite.kubeconfig}, args...)...)
+	return cmd.CombinedOutput()
 }

@@ -56,6 +56,7 @@ func TestDisruptions(t *testing.T) {
 // `coronerctl chaos`, at the same time: the node controller marks both NotReady and taints
 // them unreachable; healed and restarted, both are Ready and untainted again.
 func nodeLoss(t *testing.T) {
+	notOnKind(t, "it partitions one node while it kills another's kubelet; kind has one worker to disturb")
 	for _, tc := range []struct {
 		node, break_, repair, undoHint string
 	}{
@@ -210,10 +211,14 @@ func TestAgentRefusedOnAnotherNode(t *testing.T) {
 // on DisruptionTarget replaces it without counting, and the replacement completes the Job
 // on another node while the first node is still cut off.
 func zombie(t *testing.T) {
-	partitioned(t, partitionCase{
+	pc := partitionCase{
 		name: "zombie", nodes: []string{oomNode, busyNode}, evictAfter: ptr.To[int64](5),
 		want: []string{conditions.ReasonNodeUnreachable, conditions.ReasonNodeFenced},
-	})
+	}
+	if suite.kind { // one disturbed worker: the replacement runs on the other
+		pc.nodes, pc.prefer = []string{busyNode, quietNode}, busyNode
+	}
+	partitioned(t, pc)
 }
 
 // TestVMDisruptions takes the VM node (LAB_VM=1) for what disturbs it, one after the

@@ -45,6 +45,7 @@ func TestPrometheusScrapesTheLab(t *testing.T) {
 	if suite.skip != "" {
 		t.Skip(suite.skip)
 	}
+	notOnKind(t, "the pods' addresses of kind are not routed from this machine")
 	bin := filepath.Join(suite.cfg.BinDir, "prometheus")
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("%s is not built: test/tools/build.sh prometheus", bin)
@@ -234,7 +235,7 @@ scrape_configs:
     target_label: node
   - source_labels: [__meta_kubernetes_pod_name]
     target_label: pod
-`, rules, suite.cfg.Kubeconfig(), coronerNamespace)
+`, rules, suite.kubeconfig, coronerNamespace)
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
