@@ -61,6 +61,11 @@ func New() (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
+	return NewFor(root)
+}
+
+// NewFor returns the default configuration for the repository at root.
+func NewFor(root string) (Config, error) {
 	c := Config{
 		Root:      root,
 		Out:       filepath.Join(root, "_output", "kind"),

@@ -28,7 +28,7 @@ On any cluster (through the API server):
                      pods of lower priority that request CPU there (DisruptionTarget PreemptionByScheduler)
   unpreempt NODE     delete that pod (undoes preempt)
 
-In coroner's lab on this machine (make lab; root):
+In coroner's lab on this machine (make lab; root), or on a node of its kind cluster (make kind-lab):
   partition NODE     take the node off the network (its veth link down): NotReady, then tainted unreachable
   heal NODE          put it back (link up)
   kill-kubelet NODE  SIGKILL the node's kubelet; its containers keep running

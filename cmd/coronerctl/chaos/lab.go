@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/coroner-dev/coroner/test/host"
+	"github.com/coroner-dev/coroner/test/kind"
 	"github.com/coroner-dev/coroner/test/lab"
 )
 
@@ -37,13 +38,18 @@ func (o *Options) labConfig() (lab.Config, error) {
 	return lab.Config{}, errors.New("cannot find coroner's lab: run coronerctl from the repository, or pass --lab-repo")
 }
 
-// runLab does a node-side action in the lab.
+// runLab does a node-side action in the lab, or on a node of the kind cluster
+// (test/kind: make kind-lab) when the node, or the pod's node for oom, is one of its node
+// containers.
 func (o *Options) runLab(ctx context.Context, action, target string, w io.Writer) (string, error) {
 	cfg, err := o.labConfig()
 	if err != nil {
 		return "", err
 	}
 	cfg.Out = w
+	if kc, ok := o.kindCluster(ctx, cfg, action, target); ok {
+		return o.runKind(ctx, kc, action, target, w)
+	}
 	switch action {
 	case "partition":
 		if err := cfg.Partition(target); err != nil {
@@ -101,8 +107,13 @@ func (o *Options) oom(ctx context.Context, cfg lab.Config, name string, w io.Wri
 		scope, whose = lab.OOMNode, "the cgroup of all the pods of "+pod.Spec.NodeName+" (as if the node ran out of memory)"
 	}
 	res, err := cfg.OOM(ctx, pod, scope, o.Timeout)
+	return o.reportOOM(w, res, whose, err)
+}
+
+// reportOOM prints what an OOM squeeze did.
+func (o *Options) reportOOM(w io.Writer, res lab.OOMResult, whose string, err error) (string, error) {
 	if res.Cgroup != "" {
-		fmt.Fprintf(w, "oom: lowered the memory limit of %s, %s, to %s (its usage)\n", res.Cgroup, whose, mib(res.Limit))
+		fmt.Fprintf(w, "oom: lowered the memory limit of %s, %s, to %s (its usage, or a little more)\n", res.Cgroup, whose, mib(res.Limit))
 	}
 	if err != nil {
 		return "", err
@@ -120,4 +131,83 @@ func mib(b int64) string {
 		return "no limit"
 	}
 	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}
+
+// kindCluster returns the kind cluster of the repository when the action's node is one of
+// its node containers (and not a node of the lab).
+func (o *Options) kindCluster(ctx context.Context, cfg lab.Config, action, target string) (kind.Config, bool) {
+	kc, err := kind.NewFor(cfg.Root)
+	if err != nil {
+		return kind.Config{}, false
+	}
+	node := target
+	if action == "oom" {
+		if o.Kubeconfig == "" && os.Getenv("KUBECONFIG") == "" {
+			return kind.Config{}, false // the lab's default kubeconfig: a lab pod
+		}
+		cs, ns, err := o.client()
+		if err != nil {
+			return kind.Config{}, false
+		}
+		pod, err := cs.CoreV1().Pods(ns).Get(ctx, target, metav1.GetOptions{})
+		if err != nil {
+			return kind.Config{}, false
+		}
+		node = pod.Spec.NodeName
+	}
+	if _, err := cfg.NodeNamed(node); err == nil {
+		return kind.Config{}, false
+	}
+	return kc, node != "" && kc.IsNode(ctx, node)
+}
+
+// runKind does a node-side action on a node of the kind cluster: the same verbs as the
+// lab's, with the node's container (test/kind/chaos.go).
+func (o *Options) runKind(ctx context.Context, kc kind.Config, action, target string, w io.Writer) (string, error) {
+	switch action {
+	case "partition":
+		link, err := kc.Partition(ctx, target)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(w, "partition: %s is off the network (the host end of its container's veth, %s, down): its kubelet, agent and pods reach neither the API server nor the other nodes, and keep running\n", target, link)
+		fmt.Fprintf(w, "partition: the node controller marks it NotReady once its status is older than --node-monitor-grace-period (kind: 40s), then taints it node.kubernetes.io/unreachable\n")
+		return "coronerctl chaos heal " + quote(target), nil
+	case "heal":
+		link, err := kc.Heal(ctx, target)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(w, "heal: %s is back on the network (link %s up); it is Ready again at its next status update\n", target, link)
+		return "coronerctl chaos partition " + quote(target), nil
+	case "kill-kubelet":
+		pid, err := kc.KillKubelet(ctx, target)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(w, "kill-kubelet: killed the kubelet of %s (pid %d in the node) with SIGKILL and keeps its unit stopped; its containers keep running, nothing reports the node's status\n", target, pid)
+		return "coronerctl chaos start-kubelet " + quote(target), nil
+	case "start-kubelet":
+		pid, err := kc.StartKubelet(ctx, target)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(w, "start-kubelet: started the kubelet unit of %s again (pid %d in the node)\n", target, pid)
+		return "coronerctl chaos kill-kubelet " + quote(target), nil
+	case "oom":
+		if !o.Node {
+			return "", fmt.Errorf("oom without --node on a kind node: give the pod a memory limit instead (kind's pods are OOM-killed at their own limits for real)")
+		}
+		cs, ns, err := o.client()
+		if err != nil {
+			return "", err
+		}
+		pod, err := cs.CoreV1().Pods(ns).Get(ctx, target, metav1.GetOptions{})
+		if err != nil {
+			return "", err
+		}
+		res, err := kc.NodeOOM(ctx, pod.Spec.NodeName, o.Timeout)
+		return o.reportOOM(w, res, "the cgroup of all the pods of kind node "+pod.Spec.NodeName+" (as if the node ran out of memory)", err)
+	}
+	return "", fmt.Errorf("unknown action %q", action)
 }
