@@ -152,6 +152,9 @@ type Controller struct {
 	// our write and a sync would decide from a stale status, so it waits for the Job's
 	// update event (the built-in controller's finishedJobExpectations, generalised).
 	written map[string]string
+	// urgent maps the keys of Jobs whose events sync them at once rather than batched, to
+	// until when (markUrgent).
+	urgent map[string]time.Time
 	// managed are the keys of the managed Jobs that are not finished (for the gauge).
 	managed map[string]struct{}
 	// finishedWithFinalizer are the UIDs of terminated pods of managed Jobs that were
@@ -205,6 +208,7 @@ func New(client kubernetes.Interface, cfg Config) *Controller {
 		expectations:          newExpectations(cfg.Clock),
 		records:               map[types.UID]backoff.Record{},
 		written:               map[string]string{},
+		urgent:                map[string]time.Time{},
 		managed:               map[string]struct{}{},
 		finishedWithFinalizer: map[types.UID]struct{}{},
 		deletedJobs:           map[types.UID]time.Time{},
@@ -228,10 +232,15 @@ func New(client kubernetes.Interface, cfg Config) *Controller {
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "coroner_recovery_pod", Clock: cfg.Clock})
 
 	// Jobs: all of them (spec.managedBy cannot be selected on). Pods: only those that
-	// carry a Job controller UID label, which every Job's pod has.
-	c.jobFactory = informers.NewSharedInformerFactory(client, 0)
+	// carry a Job controller UID label, which every Job's pod has. Neither cache keeps
+	// managedFields, which nothing here reads (kube-controller-manager drops them too):
+	// they are about a third of a pod's memory. A status Update of a Job without them
+	// leaves the stored managedFields as they are.
+	c.jobFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTransform(stripManagedFields))
 	c.podFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = batchv1.ControllerUidLabel }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = batchv1.ControllerUidLabel }),
+		informers.WithTransform(stripManagedFields))
 	jobs := c.jobFactory.Batch().V1().Jobs()
 	pods := c.podFactory.Core().V1().Pods()
 	c.jobInformer, c.jobLister = jobs.Informer(), jobs.Lister()
@@ -258,6 +267,16 @@ func New(client kubernetes.Interface, cfg Config) *Controller {
 	}
 	c.setupRecovery()
 	return c
+}
+
+// stripManagedFields is the transform of the Job and pod informers: it drops
+// metadata.managedFields from the object before it is cached. An informer's transform
+// owns the object it is given.
+func stripManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok && m.GetManagedFields() != nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 // indexByControllerUID is the pod index: the UID of the pod's controller when it is a

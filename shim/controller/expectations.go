@@ -86,6 +86,18 @@ func (e *expectations) deletionObserved(key string, uid types.UID) {
 	}
 }
 
+// pendingDeletions returns the UIDs of the pods whose deletion was issued for key and
+// not yet observed, unless the TTL has passed (never nil).
+func (e *expectations) pendingDeletions(key string) sets.Set[types.UID] {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	je := e.byKey[key]
+	if je == nil || je.deletions.Len() == 0 || e.clock.Since(je.at) > e.ttl {
+		return sets.New[types.UID]()
+	}
+	return je.deletions.Clone()
+}
+
 // satisfied reports whether no creation or deletion issued for key is still pending, or
 // the pending ones have waited longer than the TTL. A key never seen is satisfied.
 func (e *expectations) satisfied(key string) bool {

@@ -10,12 +10,18 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/shim/policy"
 )
 
 // Event handlers. They only read the informer objects, observe expectations and enqueue
 // keys: Job events enqueue the Job (at once for a new Job or a spec change, after the
 // batch period for a status-only update), pod events enqueue the pod's Job after the
-// batch period, so that a burst of pod events makes one sync. Only Jobs managed by
+// batch period, so that a burst of pod events makes one sync. One exception: a pod that
+// just failed and matches a FailJob or FailIndex rule of its Job's podFailurePolicy
+// enqueues the Job at once, and for one batch period after that the Job's other events
+// do too (enqueueBatched), so that the pods the decision stops are deleted, and the
+// FailureTarget written, without waiting for the batching (the built-in controller
+// batches these events too; what it decides is the same). Only Jobs managed by
 // Config.ManagedBy are enqueued. Pods whose Job is gone go to the orphan queue.
 
 func (c *Controller) addJob(obj any) {
@@ -52,7 +58,7 @@ func (c *Controller) updateJob(old, cur any) {
 		c.queue.Add(key)
 		return
 	}
-	c.queue.AddAfter(key, c.cfg.BatchPeriod)
+	c.enqueueBatched(key)
 }
 
 func (c *Controller) deleteJob(obj any) {
@@ -130,7 +136,7 @@ func (c *Controller) addPod(obj any) {
 	}
 	key := keyOf(job)
 	c.expectations.creationObserved(key)
-	c.queue.AddAfter(key, c.cfg.BatchPeriod)
+	c.enqueueBatched(key)
 }
 
 func (c *Controller) updatePod(old, cur any) {
@@ -157,7 +163,7 @@ func (c *Controller) updatePod(old, cur any) {
 			if finalizerGone {
 				c.expectations.finalizerRemovalObserved(key, curPod.UID)
 			}
-			c.queue.AddAfter(key, c.cfg.BatchPeriod)
+			c.enqueueBatched(key)
 		}
 	}
 	job, orphan := c.jobOf(curPod)
@@ -179,7 +185,16 @@ func (c *Controller) updatePod(old, cur any) {
 		c.queue.Add(key)
 		return
 	}
-	c.queue.AddAfter(key, c.cfg.BatchPeriod)
+	if failureDecision(job, oldPod, curPod) {
+		// A FailJob or FailIndex rule matched a pod that just failed: the Job's (or the
+		// index's) other pods are stopped by a sync now rather than after the batch
+		// period, and so are the syncs this one leads to (see enqueueBatched).
+		c.logger.V(4).Info("Pod failure decides the Job or its index; syncing at once", "job", key, "pod", klog.KObj(curPod))
+		c.markUrgent(key)
+		c.queue.Add(key)
+		return
+	}
+	c.enqueueBatched(key)
 }
 
 func (c *Controller) deletePod(obj any) {
@@ -216,7 +231,7 @@ func (c *Controller) podDeleted(pod *corev1.Pod, final bool) {
 		c.queue.Add(key) // as in updatePod: the uncounted pods can be counted now
 		return
 	}
-	c.queue.AddAfter(key, c.cfg.BatchPeriod)
+	c.enqueueBatched(key)
 }
 
 // jobOf resolves the Job controlling pod in the Job lister. It returns the Job when this
@@ -267,4 +282,53 @@ func (c *Controller) trackFinishedWithFinalizer(pod *corev1.Pod, gone bool) {
 		c.mu.Unlock()
 		c.metrics.TerminatedPodsTrackingFinalizer.WithLabelValues(metrics.EventDelete).Inc()
 	}
+}
+
+// failureDecision reports whether cur, a pod of job, has just failed (it was not Failed
+// in old) while still tracked, and matches a FailJob or FailIndex rule of the Job's
+// podFailurePolicy: its failure ends the Job or its index, and the Job's sync should not
+// wait for the batch period.
+func failureDecision(job *batchv1.Job, old, cur *corev1.Pod) bool {
+	if job.Spec.PodFailurePolicy == nil || cur.Status.Phase != corev1.PodFailed ||
+		old.Status.Phase == corev1.PodFailed || !hasTrackingFinalizer(cur) {
+		return false
+	}
+	switch policy.Match(job.Spec.PodFailurePolicy, cur).Action {
+	case batchv1.PodFailurePolicyActionFailJob, batchv1.PodFailurePolicyActionFailIndex:
+		return true
+	}
+	return false
+}
+
+// markUrgent makes the events of the Job with key sync it at once, not batched, for one
+// batch period or until a sync carried out a plan with its expectations satisfied
+// (clearUrgent): the status write and pod deletions that a failure decision leads to are
+// then acted on without delay, also when the first immediate sync found the cache behind.
+func (c *Controller) markUrgent(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.urgent[key] = c.clock.Now().Add(c.cfg.BatchPeriod)
+}
+
+func (c *Controller) clearUrgent(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.urgent, key)
+}
+
+// enqueueBatched enqueues the Job with key after the batch period, or at once while it
+// is urgent (markUrgent).
+func (c *Controller) enqueueBatched(key string) {
+	c.mu.Lock()
+	until, urgent := c.urgent[key]
+	if urgent && !c.clock.Now().Before(until) {
+		delete(c.urgent, key)
+		urgent = false
+	}
+	c.mu.Unlock()
+	if urgent {
+		c.queue.Add(key)
+		return
+	}
+	c.queue.AddAfter(key, c.cfg.BatchPeriod)
 }

@@ -257,3 +257,151 @@ func gaugeValue(t *testing.T, f *fixture, name string) float64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+// TestFailureDecisionSyncsAtOnce checks that a pod that just failed and matches a FailJob
+// or FailIndex rule enqueues its Job at once, while other failures stay batched; and
+// that for one batch period after such a decision the Job's other events enqueue it at
+// once too, until a sync with satisfied expectations carries the decision out.
+func TestFailureDecisionSyncsAtOnce(t *testing.T) {
+	const key = testNS + "/ours"
+	withPolicy := func(rules ...batchv1.PodFailurePolicyRule) *batchv1.Job {
+		j := newJob("ours")
+		j.Spec.PodFailurePolicy = &batchv1.PodFailurePolicy{Rules: rules}
+		return j
+	}
+	onExit := func(action batchv1.PodFailurePolicyAction, code int32) batchv1.PodFailurePolicyRule {
+		return batchv1.PodFailurePolicyRule{Action: action, OnExitCodes: &batchv1.PodFailurePolicyOnExitCodesRequirement{
+			Operator: batchv1.PodFailurePolicyOnExitCodesOpIn, Values: []int32{code}}}
+	}
+	policyRules := []batchv1.PodFailurePolicyRule{
+		onExit(batchv1.PodFailurePolicyActionFailJob, 43),
+		onExit(batchv1.PodFailurePolicyActionFailIndex, 42),
+		onExit(batchv1.PodFailurePolicyActionIgnore, 3),
+	}
+	failed := func(p *corev1.Pod, code int32) *corev1.Pod {
+		p = p.DeepCopy()
+		p.Status.Phase = corev1.PodFailed
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main",
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code}}}}
+		p.ResourceVersion += "1"
+		return p
+	}
+	cases := []struct {
+		name string
+		job  *batchv1.Job
+		old  *corev1.Pod
+		cur  func(old *corev1.Pod) *corev1.Pod
+		want []queued
+	}{
+		{
+			name: "FailJob match: at once",
+			job:  withPolicy(policyRules...),
+			cur:  func(p *corev1.Pod) *corev1.Pod { return failed(p, 43) },
+			want: []queued{{Key: key}},
+		},
+		{
+			name: "FailIndex match: at once",
+			job:  withPolicy(policyRules...),
+			cur:  func(p *corev1.Pod) *corev1.Pod { return failed(p, 42) },
+			want: []queued{{Key: key}},
+		},
+		{
+			name: "Ignore match: batched",
+			job:  withPolicy(policyRules...),
+			cur:  func(p *corev1.Pod) *corev1.Pod { return failed(p, 3) },
+			want: []queued{{Key: key, After: batchPeriod}},
+		},
+		{
+			name: "no rule matches: batched",
+			job:  withPolicy(policyRules...),
+			cur:  func(p *corev1.Pod) *corev1.Pod { return failed(p, 1) },
+			want: []queued{{Key: key, After: batchPeriod}},
+		},
+		{
+			name: "no podFailurePolicy: batched",
+			job:  newJob("ours"),
+			cur:  func(p *corev1.Pod) *corev1.Pod { return failed(p, 43) },
+			want: []queued{{Key: key, After: batchPeriod}},
+		},
+		{
+			name: "already Failed before (another update of a failed pod): batched",
+			job:  withPolicy(policyRules...),
+			old:  failed(newPod("p1", withPolicy(), corev1.PodRunning), 43),
+			cur:  func(p *corev1.Pod) *corev1.Pod { p = p.DeepCopy(); p.ResourceVersion += "1"; return p },
+			want: []queued{{Key: key, After: batchPeriod}},
+		},
+		{
+			name: "failed pod without the tracking finalizer (already accounted for): batched",
+			job:  withPolicy(policyRules...),
+			cur:  func(p *corev1.Pod) *corev1.Pod { return withoutFinalizer(failed(p, 43)) },
+			want: []queued{{Key: key, After: batchPeriod}},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.inCache(t, tc.job)
+			old := tc.old
+			if old == nil {
+				old = newPod("p1", tc.job, corev1.PodRunning)
+			}
+			f.c.updatePod(old, tc.cur(old))
+			if diff := cmp.Diff(tc.want, f.queue.Calls()); diff != "" {
+				t.Errorf("Job queue (-want +got):\n%s", diff)
+			}
+		})
+	}
+
+	t.Run("the Job's next events are not batched for one batch period", func(t *testing.T) {
+		job := withPolicy(policyRules...)
+		f := newFixture(t)
+		f.inCache(t, job)
+		p1, p2 := newPod("p1", job, corev1.PodRunning), newPod("p2", job, corev1.PodRunning)
+		f.c.updatePod(p1, failed(p1, 43))
+		cur := job.DeepCopy()
+		cur.ResourceVersion = "11"
+		f.c.updateJob(job, cur)                 // the FailureTarget written: at once
+		f.c.updatePod(p2, beingDeleted(p2))     // a deleted sibling: at once
+		f.clock.Step(batchPeriod)               // the urgency has lapsed
+		f.c.updatePod(p2, withoutFinalizer(p2)) // batched again
+		want := []queued{{Key: key}, {Key: key}, {Key: key}, {Key: key, After: batchPeriod}}
+		if diff := cmp.Diff(want, f.queue.Calls()); diff != "" {
+			t.Errorf("Job queue (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("a sync with satisfied expectations ends the urgency", func(t *testing.T) {
+		job := withPolicy(policyRules...)
+		f := newFixture(t, job)
+		f.inCache(t, job)
+		p1 := newPod("p1", job, corev1.PodRunning)
+		f.c.updatePod(p1, failed(p1, 43))
+		if err := f.c.sync(t.Context(), key); err != nil {
+			t.Fatal(err)
+		}
+		cur := job.DeepCopy()
+		cur.ResourceVersion = "12"
+		f.c.updateJob(job, cur)
+		want := []queued{{Key: key}, {Key: key, After: batchPeriod}}
+		if diff := cmp.Diff(want, f.queue.Calls()); diff != "" {
+			t.Errorf("Job queue (-want +got):\n%s", diff)
+		}
+	})
+}
+
+// TestInformersDropManagedFields checks the transform of the Job and pod caches.
+func TestInformersDropManagedFields(t *testing.T) {
+	p := newPod("p1", newJob("ours"), corev1.PodRunning)
+	p.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate}}
+	out, err := stripManagedFields(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := out.(*corev1.Pod); got.ManagedFields != nil || got.Name != "p1" || len(got.Finalizers) != 1 {
+		t.Errorf("stripManagedFields = %+v, want the pod without managedFields only", got.ObjectMeta)
+	}
+	tomb := cache.DeletedFinalStateUnknown{Key: "ns/p1", Obj: p}
+	if out, err := stripManagedFields(tomb); err != nil || out != any(tomb) {
+		t.Errorf("stripManagedFields(tombstone) = %v, %v; want it unchanged", out, err)
+	}
+}

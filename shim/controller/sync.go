@@ -75,6 +75,12 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 		return nil
 	}
 
+	if satisfiedNow := c.expectations.satisfied(key); satisfiedNow {
+		// This sync acts on everything the informer shows: an urgent failure decision
+		// (markUrgent) is carried out by it.
+		c.clearUrgent(key)
+	}
+
 	action := metrics.ActionTracking
 	defer func() {
 		result := metrics.ResultSuccess
@@ -124,13 +130,21 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 		"writeStatus", plan.WriteStatus, "removeFinalizer", len(plan.RemoveFinalizer), "requeueAfter", plan.RequeueAfter,
 		"expectationsSatisfied", satisfied)
 
-	// 1. Pod deletions, then creations.
+	// 1. Pod deletions, then creations. A pod whose deletion an earlier sync issued and
+	// the informer has not shown yet is not deleted again (a sync that follows a failure
+	// decision at once can see it still active); it stays expected.
 	if len(plan.Delete) > 0 || len(plan.Create) > 0 {
-		uids := make([]types.UID, 0, len(plan.Delete))
+		pending := c.expectations.pendingDeletions(key)
+		uids := make([]types.UID, 0, len(plan.Delete)+pending.Len())
+		dels := plan.Delete[:0:0]
 		for _, d := range plan.Delete {
-			uids = append(uids, d.Pod.UID)
+			if !pending.Has(d.Pod.UID) {
+				dels = append(dels, d)
+				uids = append(uids, d.Pod.UID)
+			}
 		}
-		c.expectations.expect(key, len(plan.Create), uids)
+		plan.Delete = dels
+		c.expectations.expect(key, len(plan.Create), append(uids, pending.UnsortedList()...))
 	}
 	failedDeletes, deleteErr := c.deletePods(ctx, key, job, plan.Delete)
 	failedCreates, createErr := c.createPods(ctx, key, job, plan.Create)

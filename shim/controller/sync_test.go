@@ -367,6 +367,33 @@ func TestSyncDeleteFails(t *testing.T) {
 	}
 }
 
+// TestSyncDoesNotDeleteTwice checks that a sync that runs before the informer showed the
+// deletions of the previous one (as after a failure decision, synced at once) does not
+// delete those pods again, and keeps waiting for them.
+func TestSyncDoesNotDeleteTwice(t *testing.T) {
+	job := newJob("j")
+	a, b := newPod("a", job, corev1.PodRunning), newPod("b", job, corev1.PodRunning)
+	f := newFixture(t, job, a, b)
+	f.inCache(t, job, a, b)
+	writes := recordWrites(f)
+	plan := jobsync.Plan{WriteStatus: true, Status: *job.Status.DeepCopy()}
+	plan.Status.Terminating = ptr.To[int32](2)
+	plan.Delete = []jobsync.PodDelete{{Pod: a, Reason: "job failed"}, {Pod: b, Reason: "job failed"}}
+	key := testNS + "/j"
+	f.c.expectations.expect(key, 0, []types.UID{a.UID}) // a's deletion is in flight
+	f.c.syncJob = planFor(t, job, plan)
+	if err := f.c.sync(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	got := slices.DeleteFunc(writes(), func(s string) bool { return !strings.HasPrefix(s, "delete") })
+	if diff := cmp.Diff([]string{"delete pods b"}, got); diff != "" {
+		t.Errorf("deletions (-want +got):\n%s", diff)
+	}
+	if pending := f.c.expectations.pendingDeletions(key); !pending.Has(a.UID) || !pending.Has(b.UID) {
+		t.Errorf("pending deletions %v, want a and b", pending.UnsortedList())
+	}
+}
+
 // TestSyncLeavesOthersAlone checks S1 in sync: a Job managed by anyone else is never
 // passed to jobsync and never written, even when its key is queued.
 func TestSyncLeavesOthersAlone(t *testing.T) {

@@ -655,7 +655,7 @@ func TestOOMKillWaitsForTheAgentsVerdict(t *testing.T) {
 		t.Errorf("the informer's pod was modified: phase %s", waiting.Status.Phase)
 	}
 
-	stamped := tracked(oomKilled(10 * time.Second).Condition(corev1.DisruptionTarget, corev1.ConditionTrue))
+	stamped := tracked(oomKilled(10*time.Second).Condition(corev1.DisruptionTarget, corev1.ConditionTrue))
 	plan = Sync(in(stamped))
 	if len(plan.RemoveFinalizer) != 1 || len(plan.Status.UncountedTerminatedPods.Failed) != 0 {
 		t.Errorf("stamped node OOM: remove finalizers %d, uncounted failed %v; want the finalizer off and the failure ignored",

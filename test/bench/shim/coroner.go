@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,8 +13,12 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -39,6 +44,10 @@ type controllerUnderTest interface {
 	cpu() (d time.Duration, ok bool)
 	// exited is closed with an error when the controller stopped on its own.
 	exited() <-chan error
+	// pid is the controller's process; 0 when it runs in this process.
+	pid() int
+	// heapProfile is the controller process's heap profile (pprof format).
+	heapProfile(ctx context.Context) ([]byte, error)
 	stop()
 }
 
@@ -95,6 +104,14 @@ func (p *inProcess) snapshot(ctx context.Context) (calls, error) { return p.coun
 func (p *inProcess) synced(context.Context) (bool, error)        { return p.ctrl.HasSynced(), nil }
 func (p *inProcess) cpu() (time.Duration, bool)                  { return 0, false }
 func (p *inProcess) exited() <-chan error                        { return p.exit }
+func (p *inProcess) pid() int                                    { return 0 }
+
+func (p *inProcess) heapProfile(context.Context) ([]byte, error) {
+	var b bytes.Buffer
+	runtime.GC()
+	err := pprof.Lookup("heap").WriteTo(&b, 0)
+	return b.Bytes(), err
+}
 
 func (p *inProcess) stop() {
 	p.cancel()
@@ -116,6 +133,9 @@ type childSpec struct {
 	Workers    int     `json:"workers"`
 	LogFile    string  `json:"logFile"`
 	LogV       int     `json:"logV"`
+	// ProfileDir, when set, receives coroner-cpu.pprof, the CPU profile of the process's
+	// whole life.
+	ProfileDir string `json:"profileDir"`
 }
 
 // childMain is the child process: coroner's controller with counted requests, and an
@@ -130,6 +150,16 @@ func childMain(spec string) int {
 	}
 	measure.QuietKlog(s.LogFile, s.LogV)
 	defer klog.Flush()
+	stopProfile := func() {}
+	if s.ProfileDir != "" {
+		stop, err := startProfiles(s.ProfileDir)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench-shim child: %v\n", err)
+			return 1
+		}
+		stopProfile = sync.OnceFunc(stop)
+		defer stopProfile()
+	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench-shim child: %v\n", err)
@@ -155,6 +185,14 @@ func childMain(spec string) int {
 			out = append(out, callSample{Method: k.method, Code: k.code, N: v})
 		}
 		_ = json.NewEncoder(w).Encode(out)
+	})
+	mux.HandleFunc("/debug/pprof/heap", func(w http.ResponseWriter, _ *http.Request) {
+		runtime.GC()
+		_ = pprof.Lookup("heap").WriteTo(w, 0)
+	})
+	mux.HandleFunc("/debug/cpu-stop", func(w http.ResponseWriter, _ *http.Request) {
+		stopProfile() // the parent asks at the end of the round: the process may not get to its defers
+		fmt.Fprint(w, true)
 	})
 	mux.HandleFunc("/synced", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprint(w, p.ctrl.HasSynced())
@@ -199,7 +237,7 @@ func startCoronerChild(api *harness.Env, c config) (*childProcess, error) {
 	if err != nil {
 		return nil, err
 	}
-	spec, err := json.Marshal(childSpec{Kubeconfig: api.Kubeconfig, QPS: c.qps, Burst: c.burst, Workers: c.workers, LogFile: c.logFile, LogV: c.logV})
+	spec, err := json.Marshal(childSpec{Kubeconfig: api.Kubeconfig, QPS: c.qps, Burst: c.burst, Workers: c.workers, LogFile: c.logFile, LogV: c.logV, ProfileDir: c.profileDir})
 	if err != nil {
 		return nil, err
 	}
@@ -282,6 +320,20 @@ func (cp *childProcess) synced(ctx context.Context) (bool, error) {
 
 func (cp *childProcess) cpu() (time.Duration, bool) { return cpuTime(cp.proc.PID()) }
 func (cp *childProcess) exited() <-chan error       { return cp.exit }
+func (cp *childProcess) pid() int                   { return cp.proc.PID() }
+
+func (cp *childProcess) heapProfile(ctx context.Context) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cp.base+"/debug/pprof/heap", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := cp.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	return io.ReadAll(resp.Body)
+}
 
 func (cp *childProcess) stop() {
 	cp.stopping.Store(true)
@@ -311,4 +363,23 @@ func cpuTime(pid int) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(utime+stime) * 10 * time.Millisecond, true
+}
+
+// startProfiles starts the CPU profile of this process into dir; stop ends it.
+func startProfiles(dir string) (stop func(), err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.Create(filepath.Join(dir, "coroner-cpu.pprof"))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }

@@ -57,7 +57,7 @@ func startControllerManager(env *harness.Env, workers int, qps float64, burst in
 		"--kubeconfig="+env.Kubeconfig,
 		"--authentication-kubeconfig="+env.Kubeconfig,
 		"--authorization-kubeconfig="+env.Kubeconfig,
-		"--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+		"--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics,/debug/pprof/*",
 		"--controllers=job",
 		"--leader-elect=false",
 		"--bind-address=127.0.0.1",
@@ -107,6 +107,13 @@ func (cm *controllerManager) stop() {
 func (cm *controllerManager) synced(context.Context) (bool, error) { return true, nil }
 
 func (cm *controllerManager) cpu() (time.Duration, bool) { return cpuTime(cm.proc.PID()) }
+func (cm *controllerManager) pid() int                   { return cm.proc.PID() }
+
+// heapProfile reads kube-controller-manager's heap profile (--profiling is on by default).
+func (cm *controllerManager) heapProfile(ctx context.Context) ([]byte, error) {
+	body, err := cm.get(ctx, "/debug/pprof/heap?gc=1")
+	return []byte(body), err
+}
 
 // exited reports kube-controller-manager's exit, unless stop caused it.
 func (cm *controllerManager) exited() <-chan error {

@@ -28,7 +28,10 @@ type kubelet struct {
 	rec                 *recorder
 	w                   workload
 	startDelay, runTime time.Duration
-	namespaces          map[string]bool
+	// longRunTime is the run time of the pods of a Job that one failure ends
+	// (workload.doomIndex), other than the failing one: the controller must stop them.
+	longRunTime time.Duration
+	namespaces  map[string]bool
 }
 
 // podEvent takes a pod as a watch delivered it.
@@ -82,7 +85,11 @@ func (k *kubelet) run(pod *corev1.Pod, jr *jobRecord, index, attempt int) error 
 	if err != nil {
 		return fmt.Errorf("writing Running: %w", err)
 	}
-	if !k.sleep(k.runTime) {
+	runTime := k.runTime
+	if d := k.w.doomIndex(jr.number); d >= 0 && index != d {
+		runTime = k.longRunTime
+	}
+	if !k.sleep(runTime) {
 		return nil
 	}
 	done := cur.DeepCopy()

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,6 +45,16 @@ type jobRecord struct {
 	lastFailure map[int]*termWrite
 	pods        int // pods the kubelet took on
 	deleted     int // pods the controller deleted
+	// pendingSuccesses counts the successes not counted yet.
+	pendingSuccesses int
+	// doomIndex is the index whose failure ends the Job at once (workload.doomIndex), -1
+	// for none; doom is that failure's write, target when a watch first delivered the Job
+	// with FailureTarget (or Failed) True, deletions when it delivered each pod the
+	// controller deleted with its deletionTimestamp.
+	doomIndex int
+	doom      *termWrite
+	target    time.Time
+	deletions []time.Time
 }
 
 // termWrite is a terminal pod status written by the simulated kubelet.
@@ -67,6 +79,8 @@ const (
 	podSucceeded podKind = iota
 	podFailIndex         // exit 42: FailIndex, counted at once
 	podRetried           // exit 1: counted once its replacement exists (KEP-3850)
+	podFailJob           // exit 43: FailJob
+	podKinds
 )
 
 func kindOf(code int32) podKind {
@@ -75,6 +89,8 @@ func kindOf(code int32) podKind {
 		return podSucceeded
 	case exitFailIndex:
 		return podFailIndex
+	case exitFailJob:
+		return podFailJob
 	}
 	return podRetried
 }
@@ -98,10 +114,10 @@ func (r *recorder) fail(err error) {
 }
 
 // addJob records a Job about to be created.
-func (r *recorder) addJob(ns, name string, number int) *jobRecord {
+func (r *recorder) addJob(ns, name string, number, doomIndex int) *jobRecord {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	jr := &jobRecord{ns: ns, name: name, number: number, created: time.Now(), successes: map[int]*termWrite{}, lastFailure: map[int]*termWrite{}}
+	jr := &jobRecord{ns: ns, name: name, number: number, doomIndex: doomIndex, created: time.Now(), successes: map[int]*termWrite{}, lastFailure: map[int]*termWrite{}}
 	r.jobs[ns+"/"+name] = jr
 	return jr
 }
@@ -146,6 +162,7 @@ func (r *recorder) takeDeletion(pod *corev1.Pod) bool {
 	r.deleting[pod.UID] = true
 	if jr := r.jobs[pod.Namespace+"/"+pod.Labels[batchv1.JobNameLabel]]; jr != nil {
 		jr.deleted++
+		jr.deletions = append(jr.deletions, time.Now())
 	}
 	return true
 }
@@ -158,7 +175,11 @@ func (r *recorder) terminalWrite(jr *jobRecord, pod *corev1.Pod, index int, code
 	if w.kind != podSucceeded {
 		jr.failures = append(jr.failures, w)
 		jr.lastFailure[index] = w
+		if index == jr.doomIndex && jr.doom == nil {
+			jr.doom = w
+		}
 	} else {
+		jr.pendingSuccesses++
 		if jr.successes[index] != nil {
 			r.fail(fmt.Errorf("Job %s/%s: a second pod of index %d succeeded", jr.ns, jr.name, index))
 		}
@@ -180,6 +201,10 @@ func (r *recorder) dropWrite(jr *jobRecord, index int, w *termWrite) {
 	defer r.mu.Unlock()
 	if jr.successes[index] == w {
 		delete(jr.successes, index)
+		jr.pendingSuccesses--
+	}
+	if jr.doom == w {
+		jr.doom = nil
 	}
 	jr.failures = slices.DeleteFunc(jr.failures, func(x *termWrite) bool { return x == w })
 }
@@ -207,19 +232,19 @@ func (r *recorder) jobEvent(obj any) {
 	if jr.finished.IsZero() && finished(job) {
 		jr.finished = now
 	}
-	pending := false
-	for _, w := range jr.successes {
-		pending = pending || w.counted.IsZero()
+	if jr.target.IsZero() && failing(job) {
+		jr.target = now
 	}
-	if pending {
-		done, err := parseRanges(job.Status.CompletedIndexes)
+	if jr.pendingSuccesses > 0 {
+		done, err := parseIntervals(job.Status.CompletedIndexes)
 		if err != nil {
 			r.fail(fmt.Errorf("Job %s/%s: status.completedIndexes: %w", jr.ns, jr.name, err))
 			return
 		}
 		for i, w := range jr.successes {
-			if w.counted.IsZero() && done[i] {
+			if w.counted.IsZero() && done.has(i) {
 				w.counted = now
+				jr.pendingSuccesses--
 			}
 		}
 	}
@@ -252,6 +277,16 @@ func finished(job *batchv1.Job) bool {
 	return false
 }
 
+// failing reports whether job has FailureTarget or Failed True.
+func failing(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if (c.Type == batchv1.JobFailureTarget || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
 // unfinished lists the workload's Jobs in ns that have not finished.
 func (r *recorder) unfinished(ns string) []string {
 	r.mu.Lock()
@@ -272,7 +307,10 @@ type result struct {
 	start, end                time.Time
 	podsFinished, podFailures int
 	// the sync latencies by podKind
-	lat [3][]time.Duration
+	lat [podKinds][]time.Duration
+	// doomed are the Jobs ended by one pod's failure (FailJob, or FailIndex with
+	// maxFailedIndexes 0).
+	doomed []doomSample
 	// notCounted are terminal writes no Job status counted; early, those counted before
 	// the write was acknowledged (latency 0); late, failures whose passage through
 	// uncountedTerminatedPods the watch missed (their latency is an upper bound).
@@ -321,6 +359,9 @@ func (r *recorder) result(ns string, start time.Time) result {
 			res.end = jr.finished
 		}
 		res.jobTimes = append(res.jobTimes, jr.finished.Sub(jr.created))
+		if jr.doom != nil && !jr.doom.acked.IsZero() {
+			res.doomed = append(res.doomed, doomOf(jr))
+		}
 		for _, w := range jr.successes {
 			add(w)
 		}
@@ -350,3 +391,64 @@ func (r *recorder) podCounts(ns string) map[string][2]int {
 
 // errNotFinished says the Jobs did not finish in time.
 var errNotFinished = errors.New("the Jobs did not finish in time")
+
+// doomSample is how fast a controller acted on a failure that ends the Job: from the
+// API server's acknowledgement of the pod's terminal status to the FailureTarget
+// condition seen through a watch, and to the last of the Job's other pods seen with a
+// deletionTimestamp; wasted is the time the other pods ran on after the failure,
+// summed (pod-seconds).
+type doomSample struct {
+	toTarget, toLastDeletion time.Duration
+	deleted                  int
+	wasted                   time.Duration
+}
+
+func doomOf(jr *jobRecord) doomSample {
+	t0 := jr.doom.acked
+	d := doomSample{deleted: len(jr.deletions)}
+	if !jr.target.IsZero() {
+		d.toTarget = max(jr.target.Sub(t0), 0)
+	}
+	for _, at := range jr.deletions {
+		late := max(at.Sub(t0), 0)
+		d.toLastDeletion = max(d.toLastDeletion, late)
+		d.wasted += late
+	}
+	return d
+}
+
+// intervals is a parsed status.completedIndexes, sorted ranges [lo, hi].
+type intervals [][2]int
+
+// parseIntervals parses the compressed format ("1,3-5,7") without building a set, so that
+// a Job of 100,000 indexes costs little per watch event.
+func parseIntervals(s string) (intervals, error) {
+	var out intervals
+	if s == "" {
+		return out, nil
+	}
+	for part := range strings.SplitSeq(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil {
+			return nil, fmt.Errorf("bad index range %q in %q", part, s)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a {
+				return nil, fmt.Errorf("bad index range %q in %q", part, s)
+			}
+		}
+		if n := len(out); n > 0 && a <= out[n-1][1] {
+			return nil, fmt.Errorf("index ranges out of order at %q in %q", part, s)
+		}
+		out = append(out, [2]int{a, b})
+	}
+	return out, nil
+}
+
+// has reports whether i is in one of the intervals.
+func (iv intervals) has(i int) bool {
+	k, _ := slices.BinarySearchFunc(iv, i, func(r [2]int, i int) int { return cmp.Compare(r[1], i) })
+	return k < len(iv) && iv[k][0] <= i && i <= iv[k][1]
+}

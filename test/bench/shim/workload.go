@@ -21,12 +21,43 @@ const (
 	// The exit codes of the workload's failing pods.
 	exitFailOnce  = 1  // no rule matches: counted against backoffLimitPerIndex, retried
 	exitFailIndex = 42 // FailIndex
+	exitFailJob   = 43 // FailJob
 )
 
 // workload decides the Jobs and the pod histories, the same for both controllers.
 type workload struct {
-	jobs, completions         int
-	failOncePct, failIndexPct int
+	jobs, completions, parallelism int
+	// perIndex is spec.backoffLimitPerIndex, maxFailedIndexes spec.maxFailedIndexes;
+	// negative: unset (then the Job has the global backoffLimit, 6, and no FailIndex rule).
+	perIndex, maxFailedIndexes            int
+	failOncePct, failIndexPct, failJobPct int
+}
+
+// doomIndex is the index of Job j whose failure ends the Job at once, with FailJob
+// (exit 43) or with FailIndex (exit 42) when maxFailedIndexes is 0; -1 for none. The
+// other pods of such a Job run long (kubelet.longRunTime): the controller stops them.
+func (w workload) doomIndex(j int) int {
+	if ix := w.failJobIndex(j); ix >= 0 {
+		return ix
+	}
+	if w.perIndex >= 0 && w.maxFailedIndexes == 0 {
+		return w.failedIndex(j)
+	}
+	return -1
+}
+
+// failJobIndex is the index of Job j whose pod fails with exit code 43 (FailJob), or -1.
+// Exactly failJobPct percent of the Jobs (rounded down) have one, evenly spread, and not
+// the Jobs that failedIndex picks when both percentages are 50.
+func (w workload) failJobIndex(j int) int {
+	if j < 0 || (j+2)*w.failJobPct/100 == (j+1)*w.failJobPct/100 {
+		return -1
+	}
+	ix := int(mix(5, uint64(j), 0) % uint64(w.completions))
+	if ix == w.failedIndex(j) {
+		return -1
+	}
+	return ix
 }
 
 func jobName(j int) string { return fmt.Sprintf("job-%03d", j) }
@@ -44,15 +75,24 @@ func jobNumber(name string) (int, bool) {
 // job builds Job number j; managedBy empty leaves spec.managedBy unset (the built-in
 // controller's).
 func (w workload) job(ns, name string, completions int, managedBy string) *batchv1.Job {
+	var rules []*wrappers.RuleWrapper
+	if w.perIndex >= 0 {
+		rules = append(rules, wrappers.OnExitCodes(batchv1.PodFailurePolicyActionFailIndex, batchv1.PodFailurePolicyOnExitCodesOpIn, exitFailIndex))
+	}
+	rules = append(rules,
+		wrappers.OnExitCodes(batchv1.PodFailurePolicyActionFailJob, batchv1.PodFailurePolicyOnExitCodesOpIn, exitFailJob),
+		wrappers.OnPodCondition(batchv1.PodFailurePolicyActionIgnore, corev1.DisruptionTarget))
 	b := wrappers.MakeJob(name, ns).
 		Indexed().
 		Completions(int32(completions)).
-		Parallelism(int32(completions)).
-		BackoffLimitPerIndex(1).
-		PodFailurePolicy(
-			wrappers.OnExitCodes(batchv1.PodFailurePolicyActionFailIndex, batchv1.PodFailurePolicyOnExitCodesOpIn, exitFailIndex),
-			wrappers.OnPodCondition(batchv1.PodFailurePolicyActionIgnore, corev1.DisruptionTarget),
-		)
+		Parallelism(int32(min(completions, w.parallelism))).
+		PodFailurePolicy(rules...)
+	if w.perIndex >= 0 {
+		b.BackoffLimitPerIndex(int32(w.perIndex))
+	}
+	if w.maxFailedIndexes >= 0 && w.perIndex >= 0 {
+		b.MaxFailedIndexes(int32(w.maxFailedIndexes))
+	}
 	if managedBy != "" {
 		b.ManagedBy(managedBy)
 	}
@@ -67,6 +107,8 @@ func (w workload) exitCode(j, i, attempt int) int32 {
 		return 0
 	case i == w.failedIndex(j):
 		return exitFailIndex
+	case i == w.failJobIndex(j):
+		return exitFailJob
 	case int(mix(1, uint64(j), uint64(i))%100) < w.failOncePct:
 		return exitFailOnce
 	}
@@ -76,7 +118,7 @@ func (w workload) exitCode(j, i, attempt int) int32 {
 // failedIndex is the index of Job j that fails with exit code 42, or -1. Exactly
 // failIndexPct percent of the Jobs (rounded down) have one, evenly spread.
 func (w workload) failedIndex(j int) int {
-	if (j+1)*w.failIndexPct/100 == j*w.failIndexPct/100 {
+	if j < 0 || (j+1)*w.failIndexPct/100 == j*w.failIndexPct/100 {
 		return -1
 	}
 	return int(mix(3, uint64(j), 0) % uint64(w.completions))
@@ -109,9 +151,19 @@ type outcome struct {
 	deleted          int // pods the controller deleted
 }
 
-// expected is the outcome the workload implies for Job j. Only some fields are known
-// in advance; conditions are compared between the controllers only.
-func (w workload) expected(j int) outcome {
+// expected is the outcome the workload implies for Job j, and the fields it does not
+// know in advance (conditions always; for a Job ended by one pod's failure, how its
+// other pods are counted): those are compared between the controllers only.
+func (w workload) expected(j int) (outcome, []string) {
+	if d := w.doomIndex(j); d >= 0 {
+		// Every pod started at once (validate: parallelism = completions); the one of
+		// index d fails, the controller deletes the others before they finish.
+		o := outcome{terminal: "Failed/PodFailurePolicy", pods: w.completions, deleted: w.completions - 1}
+		if w.exitCode(j, d, 0) == exitFailIndex {
+			o.terminal = "Failed/MaxFailedIndexesExceeded"
+		}
+		return o, []string{"conditions", "failed", "failedIndexes"}
+	}
 	var done, failed []int
 	o := outcome{terminal: "Complete/CompletionsReached"}
 	for i := range w.completions {
@@ -135,7 +187,7 @@ func (w workload) expected(j int) outcome {
 	if len(failed) > 0 {
 		o.terminal = "Failed/FailedIndexes"
 	}
-	return o
+	return o, []string{"conditions"}
 }
 
 // outcomeOf reads the outcome of a finished Job; pods and deleted come from the
