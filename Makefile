@@ -56,8 +56,8 @@ helm-test: tools deploy-tools ## the Helm chart vs kustomize, helm install into 
 # Benchmarks are programs that print ratios measured side by side in one run.
 bench: bench-shim bench-agent bench-nodeloss ## every benchmark: P1 shim vs built-in, P2 agent, P3 node loss (root, ~8 min)
 
-bench-shim: tools ## P1: coroner-shim vs the built-in Job controller on one real API server: throughput, API calls per failure, sync latency
-	$(GO) run ./test/bench/shim $(BENCH_ARGS)
+bench-shim: tools ## P1: coroner-shim vs the built-in Job controller side by side: presets small, failfast, failjob-500, indexed-10k (BENCH_SHIM_PRESET; ~10 min for all)
+	$(GO) run ./test/bench/shim -preset $(or $(BENCH_SHIM_PRESET),all) $(BENCH_ARGS)
 
 bench-nodeloss: build ## P3: a lab node partitioned: time to a replacement pod Running, coroner vs the built-in controller (root; uses or brings up the lab)
 	$(ROOT_CHECK)

@@ -25,9 +25,16 @@ type nodeConfig struct {
 // cgroup driver, containerd 2.x with SystemdCgroup, in QEMU; tainted lab.coroner.dev/vm.
 var vmNode = lab.VMNode().Name
 
-var nodeConfigs = []nodeConfig{
-	{node: quietNode, what: "containerd 2.x, cgroup v1, cgroupfs driver, a process node"},
-	{node: vmNode, what: "containerd 2.x (SystemdCgroup), pure cgroup v2, systemd driver, a QEMU VM", vm: true},
+// nodeConfigs are the nodes of the cluster the suite runs on (read after TestMain chose
+// it: on kind the quiet node is a worker and there is no VM node).
+func nodeConfigs() []nodeConfig {
+	if suite.kind {
+		return []nodeConfig{{node: quietNode, what: "a kind worker: containerd 2.x in a privileged container, systemd driver, cgroupRoot /kubelet, the host's cgroup v1"}}
+	}
+	return []nodeConfig{
+		{node: quietNode, what: "containerd 2.x, cgroup v1, cgroupfs driver, a process node"},
+		{node: vmNode, what: "containerd 2.x (SystemdCgroup), pure cgroup v2, systemd driver, a QEMU VM", vm: true},
+	}
 }
 
 // vmTaintKey is the VM node's taint: only pods that tolerate it run there.
@@ -75,7 +82,7 @@ func onEachNode(t *testing.T, f func(t *testing.T, node string)) {
 	if suite.skip != "" {
 		t.Skip(suite.skip)
 	}
-	for _, nc := range nodeConfigs {
+	for _, nc := range nodeConfigs() {
 		t.Run(nc.node, func(t *testing.T) {
 			t.Parallel()
 			if nc.vm {

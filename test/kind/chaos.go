@@ -183,11 +183,15 @@ func (c Config) KubepodsCgroup(ctx context.Context, node string) (string, error)
 	if base == "" {
 		return "", fmt.Errorf("node %s: no memory cgroup in /proc/%d/cgroup", node, pid)
 	}
-	for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup"} {
-		matches, _ := filepath.Glob(filepath.Join(root, base, "kubelet.slice", "kubelet-kubepods.slice"))
-		if len(matches) == 1 {
-			rel, _ := filepath.Rel(root, matches[0])
-			return "/" + rel, nil
+	// The node's systemd moves itself into init.scope below the container's cgroup: the
+	// kubelet's slices are beside it.
+	for _, dir := range []string{base, filepath.Dir(base)} {
+		for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup"} {
+			matches, _ := filepath.Glob(filepath.Join(root, dir, "kubelet.slice", "kubelet-kubepods.slice"))
+			if len(matches) == 1 {
+				rel, _ := filepath.Rel(root, matches[0])
+				return "/" + rel, nil
+			}
 		}
 	}
 	return "", fmt.Errorf("node %s: no kubelet.slice/kubelet-kubepods.slice below its cgroup %s", node, base)
