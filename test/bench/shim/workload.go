@@ -279,25 +279,15 @@ func rangeString(ixs []int) string {
 }
 
 // parseRanges parses the compressed format into a set; it is the benchmark's own
-// parser, independent of the controller under test.
+// parser (parseIntervals), independent of the controller under test.
 func parseRanges(s string) (map[int]bool, error) {
-	set := map[int]bool{}
-	if s == "" {
-		return set, nil
+	iv, err := parseIntervals(s)
+	if err != nil {
+		return nil, err
 	}
-	for part := range strings.SplitSeq(s, ",") {
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil {
-			return nil, fmt.Errorf("bad index range %q in %q", part, s)
-		}
-		b := a
-		if isRange {
-			if b, err = strconv.Atoi(hi); err != nil || b < a {
-				return nil, fmt.Errorf("bad index range %q in %q", part, s)
-			}
-		}
-		for i := a; i <= b; i++ {
+	set := map[int]bool{}
+	for _, r := range iv {
+		for i := r[0]; i <= r[1]; i++ {
 			set[i] = true
 		}
 	}
