@@ -87,7 +87,7 @@ func TestRenderedManifests(t *testing.T) {
 	}{
 		// The base discovers the runtime's socket among the usual places, mounted read-only.
 		{dir: "", pullPolicy: corev1.PullIfNotPresent, runtimeEndpoint: "auto", runtimeHostPath: "/run/containerd", runtimeMountRO: true},
-		{dir: "overlays/kind", pullPolicy: corev1.PullIfNotPresent, runtimeEndpoint: "unix:///run/containerd/containerd.sock", runtimeHostPath: "/run/containerd", runtimeMountRO: true},
+		{dir: "overlays/kind", pullPolicy: corev1.PullIfNotPresent, runtimeEndpoint: "unix:///run/containerd/containerd.sock", runtimeHostPath: "/run/containerd", runtimeMountRO: true, fenceAfter: 30 * time.Second},
 		{dir: "overlays/lab", pullPolicy: corev1.PullNever, runtimeEndpoint: "unix:///run/coroner-lab/node-a/containerd.sock", runtimeHostPath: "/run/coroner-lab", shortLeases: true, shimTolerates: true, fenceAfter: 30 * time.Second},
 	} {
 		t.Run("deploy/"+tc.dir, func(t *testing.T) {
@@ -156,7 +156,7 @@ func TestRenderedManifests(t *testing.T) {
 				t.Errorf("agent runtime endpoint %q on node %q, want %q on node-a", opts.RuntimeEndpoint, opts.NodeName, tc.runtimeEndpoint)
 			}
 			wantPort(t, a, "metrics", opts.MetricsAddress)
-			// Fencing (A6): off unless the operator opts in; on in the lab.
+			// Fencing (A6): off unless the operator opts in; on in the lab and on kind.
 			if on := tc.fenceAfter != 0; opts.Fencing != on || (on && opts.FenceAfter != tc.fenceAfter) {
 				t.Errorf("agent fencing %v after %v, want on: %v after %v", opts.Fencing, opts.FenceAfter, on, tc.fenceAfter)
 			}
