@@ -103,6 +103,23 @@ func exitToStamp(t *testing.T) {
 		}
 	}()
 
+	// The agent's and the kubelet's cost on each node: idle for 10 s, then during the exits.
+	costs := map[string]*nodeCost{}
+	for _, n := range nodes {
+		if c := startCost(ctx, t, n); c != nil {
+			costs[n] = c
+		}
+	}
+	if len(costs) > 0 {
+		time.Sleep(10 * time.Second)
+		for n, c := range costs {
+			if err := c.idle(ctx); err != nil {
+				t.Logf("%s: no agent cost figures: %v", n, err)
+				delete(costs, n)
+			}
+		}
+	}
+
 	start := time.Now()
 	perNode := map[string]int{}
 	for _, node := range nodes {
@@ -179,6 +196,11 @@ func exitToStamp(t *testing.T) {
 	w.Stop()
 	<-done
 	t.Logf("%d pods on %d nodes: all created, exited and reported within %v", total, len(nodes), time.Since(start).Round(time.Second))
+	for _, node := range nodes {
+		if c := costs[node]; c != nil {
+			c.report(ctx, t, perNode[node])
+		}
+	}
 	for _, node := range nodes {
 		var stamp, kubelet []time.Duration
 		var missing []string
