@@ -9,8 +9,8 @@
 // networks itself (kindnetd cannot be built offline), loads coroner's images and applies
 // deploy/overlays/kind.
 //
-// Everything is opt-in (make kind-image, kind-lab, kind-down); the default CI never runs
-// it. Command-line front end: go run ./test/kind/cmd {image|up|down|status}.
+// make kind-image, kind-lab, e2e-kind and kind-down drive it, in CI too. Command-line
+// front end: go run ./test/kind/cmd {image|up|down|status}.
 package kind
 
 import (
