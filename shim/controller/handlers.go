@@ -83,6 +83,7 @@ func (c *Controller) deleteJob(obj any) {
 	c.mu.Lock()
 	delete(c.records, job.UID)
 	delete(c.written, key)
+	delete(c.urgent, key)
 	c.mu.Unlock()
 	c.queue.Add(key)
 	// Its pods that still carry the tracking finalizer would never go away.
