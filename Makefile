@@ -10,7 +10,7 @@ PKGS_UNIT := ./cmd/... ./conditions/... ./shim/... ./agent/... ./cri/...
 PKGS_INTEGRATION := ./test/...
 MAINS    := coroner-shim coroner-agent coronerctl
 
-.PHONY: all deps build tools deploy-tools helm-test lint test test-unit test-integration fuzz bench bench-agent bench-shim bench-nodeloss lab lab-down lab-redeploy lab-status test-lab e2e e2e-kind kind-image kind-lab kind-down clean help FORCE
+.PHONY: all deps build tools deploy-tools helm-test lint test test-unit test-integration fuzz bench bench-agent bench-shim bench-nodeloss lab lab-down lab-redeploy lab-status test-lab e2e chaos-test e2e-kind kind-image kind-lab kind-down clean help FORCE
 
 all: build lint test
 
@@ -103,6 +103,10 @@ e2e: build ## e2e suite on the lab: OOMs, evictions, preemption, drain, partitio
 	$(ROOT_CHECK)
 	test/tools/build.sh prometheus
 	CORONER_E2E=1 $(GOTEST) -v -timeout 30m -parallel 8 ./test/e2e/ $(E2E_ARGS)
+
+chaos-test: build ## fault suite on the lab that is up (make lab first; never brings one up or down): shim leader SIGKILLs, API server restarts, etcd paused, agent rollouts, containerd restarts, a partition, bad input, security; prints a table (root, ~13 min)
+	$(ROOT_CHECK)
+	$(GO) run ./test/chaos $(CHAOS_ARGS)
 
 # The kind lab (issue 11): an offline node image, a kind cluster of 1 control plane and 2
 # workers on our own dockerd, coroner deployed from deploy/overlays/kind.
