@@ -1,6 +1,7 @@
 package jobsync
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -19,6 +20,10 @@ import (
 	"github.com/coroner-dev/coroner/shim/indexes"
 	"github.com/coroner-dev/coroner/shim/policy"
 )
+
+// EventReasonInvalidFailureCount is the reason of the Warning Event that names a failed
+// pod's garbage batch.kubernetes.io/job-index-(ignored-)failure-count annotation.
+const EventReasonInvalidFailureCount = "InvalidIndexFailureCount"
 
 // maxUncountedPods bounds the UIDs one sync adds to status.uncountedTerminatedPods, which
 // keeps the Job object small (the built-in controller's limit).
@@ -431,8 +436,15 @@ func (s *state) manage() int32 {
 	for _, ix := range pending {
 		var failures, ignored int32
 		if prev := s.delayed[ix]; prev != nil {
-			failures, _ = backoff.IndexFailureCount(prev)
-			ignored, _ = backoff.IndexIgnoredFailureCount(prev)
+			var errF, errI error
+			failures, errF = backoff.IndexFailureCount(prev)
+			ignored, errI = backoff.IndexIgnoredFailureCount(prev)
+			if err := errors.Join(errF, errI); err != nil {
+				// Counted as 0, as the built-in controller does; said once, when the
+				// replacement that carries the count on is made.
+				s.plan.Events = append(s.plan.Events, Event{corev1.EventTypeWarning, EventReasonInvalidFailureCount,
+					fmt.Sprintf("%v: counted as 0 for the replacement of index %d", err, ix)})
+			}
 			if policy.Match(job.Spec.PodFailurePolicy, prev).CountsAsFailure() {
 				failures++
 			} else {

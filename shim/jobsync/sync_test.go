@@ -669,3 +669,28 @@ func TestOOMKillWaitsForTheAgentsVerdict(t *testing.T) {
 			len(plan.RemoveFinalizer), plan.Status.UncountedTerminatedPods.Failed)
 	}
 }
+
+// TestGarbageFailureCountSaidOnce: a failed pod whose index failure count annotation is
+// not a number is read as 0, as upstream does, and the replacement's creation says so in a
+// Warning Event naming the pod and the value.
+func TestGarbageFailureCountSaidOnce(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Indexed().Completions(1).BackoffLimitPerIndex(2))
+	p := tracked(failed("j-0-a", 1).Index(0).Annotation(batchv1.JobIndexFailureCountAnnotation, "many"))
+	p.Status.ContainerStatuses[0].State.Terminated.FinishedAt = metav1.NewTime(now.Add(-time.Hour))
+	plan := sync(j, p)
+	var said []string
+	for _, e := range plan.Events {
+		if e.Reason == EventReasonInvalidFailureCount {
+			said = append(said, e.Message)
+		}
+	}
+	if len(plan.Create) != 1 {
+		t.Fatalf("created %d pods, want the replacement of index 0", len(plan.Create))
+	}
+	if got := plan.Create[0].Pod.Annotations[batchv1.JobIndexFailureCountAnnotation]; got != "1" {
+		t.Errorf("replacement's failure count %q, want 1 (garbage read as 0, plus this failure)", got)
+	}
+	if len(said) != 1 || !strings.Contains(said[0], `"many"`) || !strings.Contains(said[0], "j-0-a") {
+		t.Errorf("InvalidIndexFailureCount Events %q, want one naming the pod and the value", said)
+	}
+}
