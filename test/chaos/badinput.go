@@ -48,16 +48,12 @@ func badInput(ctx context.Context, e *env, o options) result {
 	if err != nil {
 		return r.fail(err)
 	}
-	ns, dir, cleanup, err := e.namespace(ctx, "badinput")
+	st, err := e.stage(ctx, "badinput")
 	if err != nil {
 		return r.fail(err)
 	}
-	defer func() { cleanup(len(r.Problems) > 0) }()
-	tr, err := e.track(ctx, ns)
-	if err != nil {
-		return r.fail(err)
-	}
-	defer tr.stop()
+	defer func() { st.end(len(r.Problems) > 0) }()
+	ns, dir, tr := st.ns, st.dir, st.tr
 	var faults []string
 
 	// 1. Garbage failure counts.

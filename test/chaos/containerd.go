@@ -26,16 +26,12 @@ const containerdDown = 5 * time.Second
 // reported.
 func containerdRestart(ctx context.Context, e *env, o options) result {
 	r := result{Name: "containerd-restart"}
-	ns, dir, cleanup, err := e.namespace(ctx, "containerd")
+	st, err := e.stage(ctx, "containerd")
 	if err != nil {
 		return r.fail(err)
 	}
-	defer func() { cleanup(len(r.Problems) > 0) }()
-	tr, err := e.track(ctx, ns)
-	if err != nil {
-		return r.fail(err)
-	}
-	defer tr.stop()
+	defer func() { st.end(len(r.Problems) > 0) }()
+	ns, dir, tr := st.ns, st.dir, st.tr
 	nodes := []string{"lab-node-3", "lab-node-2"}
 	s := stormJob{Name: "storm", Completions: 60, Parallelism: 16, Nodes: nodes,
 		Fail: randomIndexes(e.rng, 60, 0.3), RunTicks: 4, RerunTicks: 4, Jitter: 8}
@@ -51,7 +47,7 @@ func containerdRestart(ctx context.Context, e *env, o options) result {
 	windows := map[string][2]float64{}
 	sigs := map[string]syscall.Signal{"lab-node-3": syscall.SIGKILL, "lab-node-2": syscall.SIGTERM}
 	for _, n := range nodes {
-		if err := sleep(ctx, e.jitter(2*time.Second, 6*time.Second)); err != nil {
+		if err := lab.Sleep(ctx, e.jitter(2*time.Second, 6*time.Second)); err != nil {
 			return r.fail(err)
 		}
 		u0, _ := uptime()

@@ -17,16 +17,12 @@ import (
 // fault, the time until the shim writes again (its recovery) is measured.
 func controlPlane(ctx context.Context, e *env, o options) result {
 	r := result{Name: "control-plane"}
-	ns, dir, cleanup, err := e.namespace(ctx, "controlplane")
+	st, err := e.stage(ctx, "controlplane")
 	if err != nil {
 		return r.fail(err)
 	}
-	defer func() { cleanup(len(r.Problems) > 0) }()
-	tr, err := e.track(ctx, ns)
-	if err != nil {
-		return r.fail(err)
-	}
-	defer tr.stop()
+	defer func() { st.end(len(r.Problems) > 0) }()
+	ns, dir, tr := st.ns, st.dir, st.tr
 	s := stormJob{Name: "storm", Completions: 60, Parallelism: 10,
 		Fail: randomIndexes(e.rng, 60, 0.3), RunTicks: 8, RerunTicks: 8, Jitter: 5}
 	if _, err := e.cs.BatchV1().Jobs(ns).Create(ctx, s.job(ns, dir), metav1.CreateOptions{}); err != nil {
@@ -56,7 +52,7 @@ func controlPlane(ctx context.Context, e *env, o options) result {
 		e.logf("control-plane: %s: the shim wrote again %.1fs after", what, d.Seconds())
 	}
 	for i, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
-		if err := sleep(ctx, e.jitter(4*time.Second, 10*time.Second)); err != nil {
+		if err := lab.Sleep(ctx, e.jitter(4*time.Second, 10*time.Second)); err != nil {
 			return r.fail(err)
 		}
 		rs, err := e.cfg.RestartAPIServer(ctx, sig)
@@ -72,7 +68,7 @@ func controlPlane(ctx context.Context, e *env, o options) result {
 		faults = append(faults, fmt.Sprintf("apiserver %s (down %.0fs)", how, rs.Down.Seconds()))
 		recovered(what, time.Now())
 	}
-	if err := sleep(ctx, e.jitter(4*time.Second, 10*time.Second)); err != nil {
+	if err := lab.Sleep(ctx, e.jitter(4*time.Second, 10*time.Second)); err != nil {
 		return r.fail(err)
 	}
 	if err := e.cfg.PauseEtcd(ctx, 10*time.Second); err != nil {

@@ -151,6 +151,34 @@ type tracker struct {
 	stop   context.CancelFunc
 }
 
+// stage is what a scenario runs in: its namespace, the directory its pods record into,
+// and the tracker of its pods and Jobs.
+type stage struct {
+	ns, dir string
+	tr      *tracker
+	cleanup func(failed bool)
+}
+
+// stage makes a scenario's namespace and starts tracking it.
+func (e *env) stage(ctx context.Context, scenario string) (*stage, error) {
+	ns, dir, cleanup, err := e.namespace(ctx, scenario)
+	if err != nil {
+		return nil, err
+	}
+	tr, err := e.track(ctx, ns)
+	if err != nil {
+		cleanup(true)
+		return nil, err
+	}
+	return &stage{ns: ns, dir: dir, tr: tr, cleanup: cleanup}, nil
+}
+
+// end stops the tracking, then removes the namespace (kept when the scenario failed).
+func (s *stage) end(failed bool) {
+	s.tr.stop()
+	s.cleanup(failed)
+}
+
 func (e *env) track(ctx context.Context, ns string) (*tracker, error) {
 	t := &tracker{pods: map[types.UID]*corev1.Pod{}, gone: map[types.UID]time.Time{}}
 	ctx, t.stop = context.WithCancel(ctx)
@@ -438,17 +466,6 @@ ev:
 		out = append(out, fmt.Sprintf("%s %s/%s %s", ev.Type, strings.ToLower(ev.InvolvedObject.Kind), ev.InvolvedObject.Name, s))
 	}
 	return out
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // jitter is a random duration in [lo, hi).

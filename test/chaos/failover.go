@@ -23,16 +23,12 @@ const failoverGoal = 20 * time.Second
 // update or a pod created: the storm always has work for it).
 func shimFailover(ctx context.Context, e *env, o options) result {
 	r := result{Name: "shim-leader-kill"}
-	ns, dir, cleanup, err := e.namespace(ctx, "failover")
+	st, err := e.stage(ctx, "failover")
 	if err != nil {
 		return r.fail(err)
 	}
-	defer func() { cleanup(len(r.Problems) > 0) }()
-	tr, err := e.track(ctx, ns)
-	if err != nil {
-		return r.fail(err)
-	}
-	defer tr.stop()
+	defer func() { st.end(len(r.Problems) > 0) }()
+	ns, dir, tr := st.ns, st.dir, st.tr
 
 	s := stormJob{Name: "storm", Completions: int32(o.completions), Parallelism: int32(o.parallelism),
 		Fail: randomIndexes(e.rng, o.completions, 0.3), RunTicks: 12, RerunTicks: 12, Jitter: 5}
@@ -58,7 +54,7 @@ func shimFailover(ctx context.Context, e *env, o options) result {
 		if err := waitStandby(ctx, e); err != nil {
 			return r.fail(fmt.Errorf("before kill %d: %w", len(leads)+1, err))
 		}
-		if err := sleep(ctx, e.jitter(500*time.Millisecond, 4*time.Second)); err != nil {
+		if err := lab.Sleep(ctx, e.jitter(500*time.Millisecond, 4*time.Second)); err != nil {
 			return r.fail(err)
 		}
 		k, err := e.cfg.KillShimLeader(ctx, e.cs)
@@ -198,7 +194,7 @@ func recoverReplica(ctx context.Context, e *env, k lab.ShimKill) (string, error)
 				}
 			}
 		}
-		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+		if err := lab.Sleep(ctx, 250*time.Millisecond); err != nil {
 			return "", err
 		}
 	}

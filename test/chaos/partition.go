@@ -27,16 +27,12 @@ const partitionFor = 60 * time.Second
 // No index may run twice at once, whatever the pods' record says.
 func partition(ctx context.Context, e *env, o options) result {
 	r := result{Name: "partition"}
-	ns, dir, cleanup, err := e.namespace(ctx, "partition")
+	st, err := e.stage(ctx, "partition")
 	if err != nil {
 		return r.fail(err)
 	}
-	defer func() { cleanup(len(r.Problems) > 0) }()
-	tr, err := e.track(ctx, ns)
-	if err != nil {
-		return r.fail(err)
-	}
-	defer tr.stop()
+	defer func() { st.end(len(r.Problems) > 0) }()
+	ns, dir, tr := st.ns, st.dir, st.tr
 	const node, other = "lab-node-3", "lab-node-1"
 	jobs := []stormJob{
 		{Name: "fenced", Annotations: map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"}},
@@ -74,7 +70,7 @@ func partition(ctx context.Context, e *env, o options) result {
 			return r.fail(fmt.Errorf("pod %s runs on %s, not on %s (its preferred node)", p.Name, p.Spec.NodeName, node))
 		}
 	}
-	_ = sleep(ctx, 3*time.Second) // their truth files written
+	_ = lab.Sleep(ctx, 3*time.Second) // their truth files written
 
 	t0 := time.Now()
 	if err := e.cfg.Partition(node); err != nil {
@@ -82,7 +78,7 @@ func partition(ctx context.Context, e *env, o options) result {
 	}
 	heal := e.pushUndo("heal "+node, func(context.Context) error { return e.cfg.Heal(node) })
 	e.logf("partition: %s cut off", node)
-	_ = sleep(ctx, partitionFor)
+	_ = lab.Sleep(ctx, partitionFor)
 	healU, err := uptime()
 	if err != nil {
 		return r.fail(err)

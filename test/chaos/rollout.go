@@ -29,16 +29,12 @@ const (
 // agent is replaced twice, and the agents reconcile what happened while none watched.
 func agentRollout(ctx context.Context, e *env, o options) result {
 	r := result{Name: "agent-rollout"}
-	ns, dir, cleanup, err := e.namespace(ctx, "rollout")
+	st, err := e.stage(ctx, "rollout")
 	if err != nil {
 		return r.fail(err)
 	}
-	defer func() { cleanup(len(r.Problems) > 0) }()
-	tr, err := e.track(ctx, ns)
-	if err != nil {
-		return r.fail(err)
-	}
-	defer tr.stop()
+	defer func() { st.end(len(r.Problems) > 0) }()
+	ns, dir, tr := st.ns, st.dir, st.tr
 
 	ds, err := e.cs.AppsV1().DaemonSets(lab.ShimNamespace).Get(ctx, agentDaemonSet, metav1.GetOptions{})
 	if err != nil {
@@ -102,11 +98,11 @@ func agentRollout(ctx context.Context, e *env, o options) result {
 				return
 			}
 			oomPods = append(oomPods, name)
-			_ = sleep(oomCtx, 700*time.Millisecond)
+			_ = lab.Sleep(oomCtx, 700*time.Millisecond)
 		}
 	}()
 
-	_ = sleep(ctx, 8*time.Second)
+	_ = lab.Sleep(ctx, 8*time.Second)
 	rollStart := time.Now()
 	for _, img := range []string{newImages[0], orig, newImages[1], orig} {
 		e.logf("agent-rollout: rolling %s to %s", agentDaemonSet, img)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -13,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/conditions"
@@ -212,18 +210,7 @@ func podToken(ctx context.Context, e *env, selector, node string) (kubernetes.In
 	if pod == nil {
 		return nil, fmt.Errorf("no pod %s on %q", selector, node)
 	}
-	tr, err := e.cs.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{
-			ExpirationSeconds: ptr.To[int64](600),
-			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("a token of %s bound to %s: %w", pod.Spec.ServiceAccountName, pod.Name, err)
-	}
-	cfg := rest.AnonymousClientConfig(e.rest)
-	cfg.BearerToken = tr.Status.Token
-	return kubernetes.NewForConfig(cfg)
+	return lab.AsPod(ctx, e.cs, e.rest, pod)
 }
 
 func errOrAllowed(err error) string {

@@ -7,13 +7,10 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -157,18 +154,7 @@ func TestAgentRefusedOnAnotherNode(t *testing.T) {
 		t.Fatalf("the agent pod on %s: %v (%d found)", quietNode, err, len(agents.Items))
 	}
 	agent := agents.Items[0]
-	tr, err := suite.cs.CoreV1().ServiceAccounts(agent.Namespace).CreateToken(ctx, agent.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{
-			ExpirationSeconds: ptr.To[int64](600),
-			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: agent.Name, UID: agent.UID},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("a token of %s bound to %s: %v", agent.Spec.ServiceAccountName, agent.Name, err)
-	}
-	asAgent := rest.AnonymousClientConfig(suite.rest)
-	asAgent.BearerToken = tr.Status.Token
-	agentCS, err := kubernetes.NewForConfig(asAgent)
+	agentCS, err := lab.AsPod(ctx, suite.cs, suite.rest, &agent)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,7 +137,7 @@ func (c Config) startAPIServer(ctx context.Context, st *State, p *clusterPKI) er
 		if time.Now().After(deadline) {
 			return fmt.Errorf("kube-apiserver not ready within 90s (%v):\n%s", last, logTail(proc.Log, 3000))
 		}
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+		if err := Sleep(ctx, 100*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -249,7 +249,7 @@ func waitTCP(ctx context.Context, p Proc, addr string, timeout time.Duration) er
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s did not listen on %s within %v:\n%s", p.Name, addr, timeout, logTail(p.Log, 3000))
 		}
-		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+		if err := Sleep(ctx, 50*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -277,7 +277,7 @@ func waitHealthz(ctx context.Context, p Proc, port int) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s: %s not ok within 60s:\n%s", p.Name, url, logTail(p.Log, 3000))
 		}
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+		if err := Sleep(ctx, 100*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -301,7 +301,8 @@ func logTail(path string, n int) string {
 	return "  | " + indentLines(string(b), "  | ")
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
+// Sleep waits for d or until ctx ends; ctx's error in the second case.
+func Sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -193,7 +193,7 @@ func (c Config) startContainerd(ctx context.Context, st *State, n Node) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("containerd of %s not ready within 60s: %v\n%s", n.Name, last, logTail(p.Log, 3000))
 		}
-		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+		if err := Sleep(ctx, 50*time.Millisecond); err != nil {
 			return err
 		}
 	}
