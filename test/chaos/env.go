@@ -13,7 +13,6 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
@@ -91,35 +90,8 @@ func (e *env) runUndos(ctx context.Context) {
 // truth directory; the returned cleanup deletes both unless the scenario failed or -keep.
 func (e *env) namespace(ctx context.Context, scenario string) (string, string, func(failed bool), error) {
 	ns := "chaos-" + scenario
-	err := lab.Poll(ctx, 3*time.Minute, "namespace "+ns+" of an earlier run to go", func() (bool, error) {
-		_, err := e.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
-			Labels: map[string]string{"coroner.dev/chaos": e.runID}}}, metav1.CreateOptions{})
-		if !apierrors.IsAlreadyExists(err) {
-			return true, err
-		}
-		if err := e.cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return false, err
-		}
-		// A terminating namespace keeps pods whose job-tracking finalizer no controller
-		// removes any more (their Job is gone): take it off, as an operator would.
-		pods, err := e.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		if err == nil {
-			for _, p := range pods.Items {
-				if p.DeletionTimestamp != nil && len(p.Finalizers) > 0 {
-					_, _ = e.cs.CoreV1().Pods(ns).Patch(ctx, p.Name, types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`), metav1.PatchOptions{})
-				}
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		return "", "", nil, err
-	}
-	err = lab.Poll(ctx, time.Minute, "the default ServiceAccount of "+ns, func() (bool, error) {
-		_, err := e.cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
-	})
-	if err != nil {
+	if err := lab.FreshNamespace(ctx, e.cs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"coroner.dev/chaos": e.runID}}}, 3*time.Minute); err != nil {
 		return "", "", nil, err
 	}
 	dir := filepath.Join(e.truthRoot, ns)

@@ -29,9 +29,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -163,36 +161,8 @@ func setup(t *testing.T, timeout time.Duration) (context.Context, string) {
 	}
 	name = strings.TrimRight(name, "-")
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	// A namespace of an earlier run that failed (kept for a look) goes first: a second run
-	// on a lab that is kept up must not fail on it.
-	err := lab.Poll(ctx, 2*time.Minute, "namespace "+name+" of an earlier run to go", func() (bool, error) {
-		_, err := suite.cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
-		if !apierrors.IsAlreadyExists(err) {
-			return true, err
-		}
-		if err := suite.cs.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return false, err
-		}
-		// Pods go first when a namespace is deleted, and a Job's failed pod whose
-		// replacement cannot be created any more (the namespace is terminating) keeps its
-		// job-tracking finalizer: seen with the built-in Job controller and coroner-shim
-		// alike, the namespace then never goes. Take the finalizers off, as an operator would.
-		pods, err := suite.cs.CoreV1().Pods(name).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for _, p := range pods.Items {
-			if p.DeletionTimestamp != nil && len(p.Finalizers) > 0 {
-				_, _ = suite.cs.CoreV1().Pods(name).Patch(ctx, p.Name, types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`), metav1.PatchOptions{})
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
+	if err := lab.FreshNamespace(ctx, suite.cs, ns, 2*time.Minute); err != nil {
 		t.Fatalf("create namespace %s: %v", name, err)
-	}
-	if err := waitDefaultServiceAccount(ctx, name); err != nil {
-		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -202,15 +172,6 @@ func setup(t *testing.T, timeout time.Duration) (context.Context, string) {
 		_ = suite.cs.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
 	return ctx, name
-}
-
-// waitDefaultServiceAccount waits for the namespace's default ServiceAccount: pods are
-// refused until the controller-manager has made it.
-func waitDefaultServiceAccount(ctx context.Context, ns string) error {
-	return lab.Poll(ctx, time.Minute, "the default ServiceAccount of "+ns, func() (bool, error) {
-		_, err := suite.cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
-	})
 }
 
 // coronerctl runs the coronerctl built into _output/bin (make e2e builds it) against the
