@@ -69,6 +69,9 @@ func exitToStamp(t *testing.T) {
 		node             string
 		containerID      string // the exited container, from the kubelet's lastState
 		stamped, kubelet time.Time
+		// failed says why the pod failed before its container exited (the kubelet rejected
+		// or evicted it: a node left under MemoryPressure by an earlier case, say).
+		failed string
 	}
 	var mu sync.Mutex
 	pods := map[string]*seen{}
@@ -91,6 +94,9 @@ func exitToStamp(t *testing.T) {
 				if h, err := exithistory.Parse(p.Annotations[conditions.AnnotationExitHistory]); err == nil && len(h) > 0 {
 					s.stamped = at
 				}
+			}
+			if p.Status.Phase == corev1.PodFailed && s.failed == "" {
+				s.failed = fmt.Sprintf("%s: %s", p.Status.Reason, p.Status.Message)
 			}
 			if s.kubelet.IsZero() {
 				for _, cs := range p.Status.ContainerStatuses {
@@ -158,7 +164,7 @@ func exitToStamp(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, s := range pods {
-			if !s.stamped.IsZero() && !s.kubelet.IsZero() {
+			if !s.stamped.IsZero() && !s.kubelet.IsZero() || s.failed != "" {
 				n++
 			}
 		}
@@ -203,14 +209,18 @@ func exitToStamp(t *testing.T) {
 	}
 	for _, node := range nodes {
 		var stamp, kubelet []time.Duration
-		var missing []string
+		var missing, failed []string
 		untimed := 0
 		for name, s := range pods {
 			if s.node != node {
 				continue
 			}
 			if s.stamped.IsZero() {
-				missing = append(missing, name)
+				if s.failed != "" {
+					failed = append(failed, name+" ("+s.failed+")")
+				} else {
+					missing = append(missing, name)
+				}
 				continue
 			}
 			finished, ok := finishedAt[node][s.containerID]
@@ -222,6 +232,10 @@ func exitToStamp(t *testing.T) {
 			kubelet = append(kubelet, s.kubelet.Sub(finished))
 		}
 		slices.Sort(missing)
+		slices.Sort(failed)
+		if len(failed) > 0 {
+			t.Errorf("%s: %d of %d pods failed before their container exited, nothing to time: %v", node, len(failed), perNode[node], failed)
+		}
 		if len(missing) > 0 {
 			t.Errorf("%s (%s): %d of %d exits never stamped: %v", node, runtimes[node], len(missing), perNode[node], missing)
 		}

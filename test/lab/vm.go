@@ -531,24 +531,84 @@ trap - EXIT
 echo "coroner-oom cgroup=${cg#/sys/fs/cgroup/} limit=$usage orig=$orig kills=$((K - before)) took_us=$((now - start))"
 `
 
-// vmOOM is OOM for a pod on the VM node: the guest's kubepods.slice (OOMNode) or the pod's
-// slice (OOMPodLimit, the systemd driver's
-// kubepods[-<qos>].slice/kubepods[-<qos>]-pod<uid_with_underscores>.slice), squeezed by
-// vmSqueeze in the guest.
+// vmNodeSqueeze is the node OOM (OOMNode) of the VM node, run in the guest by bash over
+// ssh. vmSqueeze's way (a limit a little above the usage, then wait for the pod's next
+// allocation) failed there: a slow TCG guest reclaimed the page cache of the node's pods
+// (the agent's binary among them), they faulted it back in, and for minutes no task was
+// killed, while the kubelet, which reads kubepods.slice's memory.max as the pods'
+// allocatable memory, saw less than 100 MiB available and evicted the pod first (then kept
+// the node's MemoryPressure condition for 5 minutes, rejecting new pods).
+//
+// So this squeeze makes the kernel kill at once: it waits until the pod's cgroup (%[1]s,
+// the candidate paths of its slice) holds 32 MiB of anonymous memory (the pod grows), then
+// writes a memory.max to kubepods.slice below what reclaim can reach: its usage minus its
+// page cache minus half the pod's anonymous memory. The kernel, failing to reclaim that
+// much, runs the OOM killer from the write itself; the pod (the biggest, and BestEffort)
+// is its victim, and once its memory is freed the usage is well below the limit. The write
+// keeps reclaiming and killing until the usage fits, so a background writer does it, and
+// as soon as memory.events counts a kill the writer is killed (a signal ends the kernel's
+// loop) and the limit put back: no second victim, whatever a slow guest takes to free the
+// first. %[2]d microseconds bound the wait for the pod's growth and for the kill; a trap
+// restores the limit if the shell is interrupted. Its last line says what it did, as
+// vmSqueeze's does.
+const vmNodeSqueeze = `set -u
+kp=/sys/fs/cgroup/kubepods.slice
+pod=
+for d in /sys/fs/cgroup/%[1]s; do [ -d "$d" ] && { pod=$d; break; }; done
+[ -n "$pod" ] || { echo "coroner-oom: no cgroup /sys/fs/cgroup/%[1]s (is the pod running?)"; exit 3; }
+read -r orig <"$kp/memory.max"
+restore() { echo "$orig" >"$kp/memory.max"; }
+kills() { K=0; while read -r k v; do [ "$k" = oom_kill ] && K=$v; done <"$kp/memory.events"; }
+stat() { V=0; while read -r k v; do [ "$k" = "$2" ] && V=$v; done <"$1/memory.stat"; }
+start=${EPOCHREALTIME/./}; now=$start
+while stat "$pod" anon; [ "$V" -lt 33554432 ]; do
+	now=${EPOCHREALTIME/./}
+	[ $((now - start)) -ge %[2]d ] && { echo "coroner-oom: the pod's anonymous memory stayed at $V bytes, below 32 MiB (is it allocating?)"; exit 5; }
+	sleep 0.1
+done
+victim=$V
+read -r usage <"$kp/memory.current"
+stat "$kp" file
+limit=$((usage - V - victim / 2))
+trap 'kill -KILL $w 2>/dev/null; restore' EXIT
+trap 'exit 1' HUP INT TERM PIPE
+kills; before=$K
+start=${EPOCHREALTIME/./}; now=$start
+( echo "$limit" >"$kp/memory.max" ) 2>/dev/null & w=$!
+while :; do
+	kills
+	[ "$K" -gt "$before" ] && { kill -KILL $w 2>/dev/null; restore; now=${EPOCHREALTIME/./}; break; }
+	now=${EPOCHREALTIME/./}
+	[ $((now - start)) -ge %[2]d ] && break
+done
+kill -KILL $w 2>/dev/null; wait $w 2>/dev/null
+restore
+trap - EXIT
+sleep 0.05; kills
+echo "coroner-oom cgroup=kubepods.slice limit=$limit orig=$orig kills=$((K - before)) took_us=$((now - start))"
+`
+
+// vmOOM is OOM for a pod on the VM node: the guest's kubepods.slice (OOMNode, squeezed by
+// vmNodeSqueeze) or the pod's slice (OOMPodLimit, the systemd driver's
+// kubepods[-<qos>].slice/kubepods[-<qos>]-pod<uid_with_underscores>.slice, squeezed by
+// vmSqueeze), in the guest.
 func (c Config) vmOOM(ctx context.Context, pod *corev1.Pod, scope OOMScope, timeout time.Duration) (OOMResult, error) {
-	var glob string
+	uid := strings.ReplaceAll(string(pod.UID), "-", "_")
+	podGlob := fmt.Sprintf("kubepods.slice/kubepods-pod%[1]s.slice kubepods.slice/kubepods-*.slice/kubepods-*-pod%[1]s.slice", uid)
+	podGlob = strings.ReplaceAll(podGlob, " ", " /sys/fs/cgroup/")
+	var script string
+	res := OOMResult{}
 	switch scope {
 	case OOMNode:
-		glob = "kubepods.slice"
+		res.Cgroup = "kubepods.slice"
+		script = fmt.Sprintf(vmNodeSqueeze, podGlob, timeout.Microseconds())
 	case OOMPodLimit:
-		uid := strings.ReplaceAll(string(pod.UID), "-", "_")
-		glob = fmt.Sprintf("kubepods.slice/kubepods-pod%[1]s.slice kubepods.slice/kubepods-*.slice/kubepods-*-pod%[1]s.slice", uid)
-		glob = strings.ReplaceAll(glob, " ", " /sys/fs/cgroup/")
+		res.Cgroup = strings.Fields(podGlob)[0]
+		script = fmt.Sprintf(vmSqueeze, podGlob, timeout.Microseconds())
 	default:
 		return OOMResult{}, fmt.Errorf("unknown OOM scope %q (want %q or %q)", scope, OOMPodLimit, OOMNode)
 	}
-	res := OOMResult{Cgroup: strings.Fields(glob)[0]}
-	out, err := c.vmScript(ctx, timeout+time.Minute, fmt.Sprintf(vmSqueeze, glob, timeout.Microseconds()))
+	out, err := c.vmScript(ctx, timeout+time.Minute, script)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	last := lines[len(lines)-1]
 	if err != nil || !strings.HasPrefix(last, "coroner-oom cgroup=") {

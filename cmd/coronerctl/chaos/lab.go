@@ -113,7 +113,7 @@ func (o *Options) oom(ctx context.Context, cfg lab.Config, name string, w io.Wri
 // reportOOM prints what an OOM squeeze did.
 func (o *Options) reportOOM(w io.Writer, res lab.OOMResult, whose string, err error) (string, error) {
 	if res.Cgroup != "" {
-		fmt.Fprintf(w, "oom: lowered the memory limit of %s, %s, to %s (its usage, or a little more)\n", res.Cgroup, whose, mib(res.Limit))
+		fmt.Fprintf(w, "oom: lowered the memory limit of %s, %s, to %s\n", res.Cgroup, whose, mib(res.Limit))
 	}
 	if err != nil {
 		return "", err
