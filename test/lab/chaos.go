@@ -204,8 +204,9 @@ type OOMResult struct {
 
 // OOM makes the kernel's OOM killer kill a task of the pod, which must run on a lab node:
 // it lowers the memory limit of the pod's cgroup (scope OOMPodLimit) or of its node's
-// kubepods cgroup (OOMNode) to the memory in use, waits until the kernel has killed a task
-// in that cgroup or timeout has passed, and puts the limit back at once.
+// kubepods cgroup (OOMNode) to the memory in use less its page cache (squeeze), waits
+// until the kernel has killed a task in that cgroup or timeout has passed, and puts the
+// limit back at once.
 //
 // Only a pod that allocates memory meanwhile gets killed (memory in use cannot be taken
 // back by lowering a limit: the kernel refuses a limit below it), so a pod that sleeps is
@@ -238,6 +239,27 @@ func (c Config) OOM(ctx context.Context, pod *corev1.Pod, scope OOMScope, timeou
 		return OOMResult{}, fmt.Errorf("unknown OOM scope %q (want %q or %q)", scope, OOMPodLimit, OOMNode)
 	}
 	return squeeze(ctx, rel, timeout)
+}
+
+// pageCache is the page cache charged to the memory cgroup directory dir and its
+// descendants, in bytes: memory.stat's total_cache on cgroup v1, file on v2 (hierarchical
+// there); 0 if unreadable.
+func pageCache(v cgroup.Version, dir string) int64 {
+	key := "total_cache "
+	if v == cgroup.V2 {
+		key = "file "
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "memory.stat"))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, key); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(rest), 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // podCgroup finds the pod's cgroup under kubepods: kubepods/pod<uid> (Guaranteed),
@@ -293,8 +315,15 @@ func newKills(before, after map[string]uint64) int64 {
 	return n
 }
 
-// squeeze sets the cgroup's limit to its usage (a little more when the kernel refuses:
-// usage moves), waits for an OOM kill in it, and restores the limit.
+// squeeze sets the cgroup's limit to its usage less its page cache (a little more when the
+// kernel refuses: usage moves), waits for an OOM kill in it, and restores the limit.
+//
+// The page cache goes first, reclaimed by the kernel in the write: at the usage itself,
+// the growing pod's allocations reclaimed the cache of every pod of the node (memhog at
+// 40 MiB/s took 1-1.8 s to get killed on a process node), long enough for the kubelet,
+// which reads the node's kubepods limit as the pods' allocatable memory and polls every
+// 10 s, to see less than 100 MiB available and evict the pod first, now and then. With
+// nothing left to reclaim, the next allocation is an OOM kill.
 //
 // The limit goes back the moment the kernel reports the kill, from the goroutine that
 // reads /dev/kmsg, not at the next poll: while it stays low every allocation in the cgroup
@@ -345,7 +374,7 @@ func squeeze(ctx context.Context, rel string, timeout time.Duration) (res OOMRes
 		if err != nil {
 			return res, err
 		}
-		res.Limit = now.Usage + margin
+		res.Limit = max(now.Usage-pageCache(orig.Version, orig.Dir), 1<<20) + margin
 		if err := setMemoryLimit(orig.Version, orig.Dir, res.Limit); err == nil {
 			set = true
 		} else if !errors.Is(err, syscall.EBUSY) {
