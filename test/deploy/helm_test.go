@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/spf13/pflag"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -123,6 +124,27 @@ func TestHelmValues(t *testing.T) {
 	}
 	if err := sopts.Validate(); err != nil {
 		t.Errorf("shim arguments %q: %v", s.Args, err)
+	}
+}
+
+// TestHelmShimPolicyFollowsTheRelease checks that the shim's admission policy holds the
+// release's own shim (its ServiceAccount in the release's namespace) to the Jobs of its own
+// shim.managedBy, under the release's cluster-scoped names.
+func TestHelmShimPolicyFollowsTheRelease(t *testing.T) {
+	objs := objects(t, "helm template second", run(t, "helm", "template", "second", ChartDir, "--namespace", "coroner-second",
+		"--set", "agent.enabled=false,clusterNamePrefix=second-,shim.managedBy=example.com/second-shim"))
+	var policy admissionregistrationv1.ValidatingAdmissionPolicy
+	fromUnstructured(t, objs["admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy /second-coroner-shim-own-jobs"], &policy)
+	if m := policy.Spec.MatchConditions; len(m) != 1 || m[0].Expression != "request.userInfo.username == 'system:serviceaccount:coroner-second:coroner-shim'" {
+		t.Errorf("the policy matches %+v, want the ServiceAccount coroner-shim of coroner-second", m)
+	}
+	if i := slices.IndexFunc(policy.Spec.Variables, func(v admissionregistrationv1.Variable) bool { return v.Name == "managedBy" }); i < 0 || policy.Spec.Variables[i].Expression != "'example.com/second-shim'" {
+		t.Errorf("the policy's managedBy is not the release's: %+v", policy.Spec.Variables)
+	}
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	fromUnstructured(t, objs["admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding /second-coroner-shim-own-jobs"], &binding)
+	if binding.Spec.PolicyName != "second-coroner-shim-own-jobs" {
+		t.Errorf("the binding binds %q", binding.Spec.PolicyName)
 	}
 }
 

@@ -61,6 +61,19 @@ func (w *PodWrapper) Annotation(k, v string) *PodWrapper {
 	return w
 }
 
+// ControlledBy makes job the pod's controller, with the owner reference a Job
+// controller gives its pods (blockOwnerDeletion set).
+func (w *PodWrapper) ControlledBy(job *batchv1.Job) *PodWrapper {
+	w.OwnerReferences = append(w.OwnerReferences, *metav1.NewControllerRef(job, batchv1.SchemeGroupVersion.WithKind("Job")))
+	return w
+}
+
+// Finalizer adds a finalizer.
+func (w *PodWrapper) Finalizer(f string) *PodWrapper {
+	w.Finalizers = append(w.Finalizers, f)
+	return w
+}
+
 // Index sets the completion index of an Indexed Job's pod, as both the
 // label and the annotation batch.kubernetes.io/job-completion-index.
 func (w *PodWrapper) Index(i int) *PodWrapper {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/harness"
+	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
 // nodeNameKey is the user extra the API server derives from the node claim of a
@@ -82,56 +84,44 @@ func TestAdmissionPolicyKeepsTheAgentToItsNode(t *testing.T) {
 		t.Fatalf("the policy is not enforced: %v", err)
 	}
 
-	denied := func(t *testing.T, err error, parts ...string) {
-		t.Helper()
-		if !isForbiddenBy(err, parts...) {
-			t.Errorf("err = %v; want 403 Forbidden naming %q", err, parts)
-		}
-	}
-	allowed := func(t *testing.T, err error) {
-		t.Helper()
-		if err != nil {
-			t.Errorf("err = %v; want allowed", err)
-		}
-	}
 	exitHistory := func(v string) []byte {
 		return []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, conditions.AnnotationExitHistory, v))
 	}
 
 	t.Run("status of a pod on its own node", func(t *testing.T) {
 		p, err := pods.Patch(ctx, workA.Name, types.StrategicMergePatchType, stamp, metav1.PatchOptions{}, "status")
-		allowed(t, err)
+		wantAllowed(t, err)
 		if err == nil && !conditions.IsTrue(&p.Status, conditions.OOMKilled) {
 			t.Errorf("the stamp was not stored: %+v", p.Status.Conditions)
 		}
 	})
 	t.Run("status of a pod on another node", func(t *testing.T) {
 		_, err := pods.Patch(ctx, workB.Name, types.StrategicMergePatchType, stamp, metav1.PatchOptions{}, "status")
-		denied(t, err, ownNode, "coroner-agent on node node-a may only write pods bound to its own node; pod "+ns+"/work-b is on node node-b")
+		wantDenied(t, err, ownNode, "coroner-agent on node node-a may only write pods bound to its own node; pod "+ns+"/work-b is on node node-b")
 	})
 	t.Run("status of an unscheduled pod", func(t *testing.T) {
 		_, err := pods.Patch(ctx, unscheduled.Name, types.StrategicMergePatchType, stamp, metav1.PatchOptions{}, "status")
-		denied(t, err, ownNode, "pod "+ns+"/work-none is not bound to a node")
+		wantDenied(t, err, ownNode, "pod "+ns+"/work-none is not bound to a node")
 	})
 	t.Run("exit history on a pod of its own node", func(t *testing.T) {
 		// The status subresource of a pod stores metadata (labels, annotations,
 		// finalizers) too, so the agent writes its exit history there and needs no patch
 		// on pods; the policy holds pods/status to the metadata rule below.
 		p, err := pods.Patch(ctx, workA.Name, types.MergePatchType, exitHistory(`[{"container":"main","exitCode":2}]`), metav1.PatchOptions{}, "status")
-		allowed(t, err)
+		wantAllowed(t, err)
 		if err == nil && !strings.Contains(p.Annotations[conditions.AnnotationExitHistory], `"exitCode":2`) {
 			t.Errorf("pods/status did not store the annotation: %v", p.Annotations)
 		}
 	})
 	t.Run("exit history on a pod of another node", func(t *testing.T) {
 		_, err := pods.Patch(ctx, workB.Name, types.MergePatchType, exitHistory("[]"), metav1.PatchOptions{}, "status")
-		denied(t, err, ownNode, "is on node node-b")
+		wantDenied(t, err, ownNode, "is on node node-b")
 	})
 	t.Run("the pod itself is not granted", func(t *testing.T) {
 		_, err := pods.Patch(ctx, workA.Name, types.MergePatchType, exitHistory("[]"), metav1.PatchOptions{})
-		denied(t, err, `cannot patch resource "pods"`)
+		wantDenied(t, err, `cannot patch resource "pods"`)
 		_, err = pods.Patch(ctx, workA.Name, types.MergePatchType, []byte(`{"spec":{"activeDeadlineSeconds":5}}`), metav1.PatchOptions{})
-		denied(t, err, `cannot patch resource "pods"`)
+		wantDenied(t, err, `cannot patch resource "pods"`)
 	})
 	for _, tc := range []struct {
 		name, patch, want string
@@ -142,18 +132,18 @@ func TestAdmissionPolicyKeepsTheAgentToItsNode(t *testing.T) {
 	} {
 		t.Run(tc.name+" through pods/status on its own node", func(t *testing.T) {
 			_, err := pods.Patch(ctx, workA.Name, types.MergePatchType, []byte(tc.patch), metav1.PatchOptions{}, "status")
-			denied(t, err, ownNode, tc.want)
+			wantDenied(t, err, ownNode, tc.want)
 		})
 	}
 	t.Run("delete and create are not granted", func(t *testing.T) {
 		err := pods.Delete(ctx, workA.Name, metav1.DeleteOptions{})
-		denied(t, err, `cannot delete resource "pods"`)
+		wantDenied(t, err, `cannot delete resource "pods"`)
 		_, err = pods.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: workA.Spec}, metav1.CreateOptions{})
-		denied(t, err, `cannot create resource "pods"`)
+		wantDenied(t, err, `cannot create resource "pods"`)
 	})
 	t.Run("list its node's pods", func(t *testing.T) {
 		list, err := agent.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=node-a"})
-		allowed(t, err)
+		wantAllowed(t, err)
 		if err == nil && len(list.Items) < 2 {
 			t.Errorf("listed %d pods on node-a, want the agent's and work-a", len(list.Items))
 		}
@@ -162,35 +152,211 @@ func TestAdmissionPolicyKeepsTheAgentToItsNode(t *testing.T) {
 		leases := agent.CoordinationV1().Leases(namespace)
 		own := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "coroner-agent-node-a"}, Spec: coordinationv1.LeaseSpec{HolderIdentity: ptrTo("node-a")}}
 		l, err := leases.Create(ctx, own, metav1.CreateOptions{})
-		allowed(t, err)
+		wantAllowed(t, err)
 		if err == nil {
 			l.Spec.LeaseDurationSeconds = ptrTo[int32](40)
 			_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
-			allowed(t, err)
+			wantAllowed(t, err)
 		}
 		other := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "coroner-agent-node-b"}}
 		_, err = leases.Create(ctx, other, metav1.CreateOptions{})
-		denied(t, err, ownNode, "may only write its own Lease coroner-agent-node-a, not coroner-agent-node-b")
+		wantDenied(t, err, ownNode, "may only write its own Lease coroner-agent-node-a, not coroner-agent-node-b")
 		_, err = agent.CoordinationV1().Leases(ns).Create(ctx, own, metav1.CreateOptions{})
-		denied(t, err, `cannot create resource "leases"`)
+		wantDenied(t, err, `cannot create resource "leases"`)
 	})
 	t.Run("a token without the node claim writes nothing", func(t *testing.T) {
 		c := kubernetes.NewForConfigOrDie(tokenConfig(env, unbound))
 		_, err := c.CoreV1().Pods(ns).Patch(ctx, workA.Name, types.StrategicMergePatchType, stamp, metav1.PatchOptions{}, "status")
-		denied(t, err, ownNode, "this token has no authentication.kubernetes.io/node-name claim")
+		wantDenied(t, err, ownNode, "this token has no authentication.kubernetes.io/node-name claim")
 	})
-	t.Run("the shim and admins are not restricted", func(t *testing.T) {
+	t.Run("the shim and admins are not held by it", func(t *testing.T) {
+		// The shim's own policy lets it write the status of an opted-in pod only.
+		_, err := admin.CoreV1().Pods(ns).Patch(ctx, workB.Name, types.MergePatchType, []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"true"}}}`, conditions.AnnotationSafeToForcefullyDelete)), metav1.PatchOptions{})
+		wantAllowed(t, err)
 		shim := kubernetes.NewForConfigOrDie(tokenConfig(env, tokenFor(t, admin, "coroner-shim", nil)))
-		_, err := shim.CoreV1().Pods(ns).Patch(ctx, workB.Name, types.StrategicMergePatchType, stamp, metav1.PatchOptions{}, "status")
-		allowed(t, err)
+		_, err = shim.CoreV1().Pods(ns).Patch(ctx, workB.Name, types.StrategicMergePatchType, stamp, metav1.PatchOptions{}, "status")
+		wantAllowed(t, err)
 		_, err = admin.CoreV1().Pods(ns).Patch(ctx, workB.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"x"}}}`), metav1.PatchOptions{})
-		allowed(t, err)
+		wantAllowed(t, err)
+	})
+}
+
+// TestAdmissionPolicyKeepsTheShimToItsJobs uses a real token of the shim (a TokenRequest
+// bound to a pod of its ServiceAccount, as the kubelet projects it into the Deployment's
+// pods) and checks that the policy lets it make the writes its controller makes (with the
+// controller's own writers and patches where they are exported) and none of the others
+// its ClusterRole grants.
+func TestAdmissionPolicyKeepsTheShimToItsJobs(t *testing.T) {
+	env := deployed(t)
+	ctx := context.Background()
+	admin := kubernetes.NewForConfigOrDie(env.Config)
+	ns := env.Namespace(t)
+
+	shimPod := createPod(t, admin, namespace, "coroner-shim-test", "", "coroner-shim")
+	shim := kubernetes.NewForConfigOrDie(tokenConfig(env, tokenFor(t, admin, "coroner-shim", shimPod)))
+	review, err := shim.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := review.Status.UserInfo.Username; u != "system:serviceaccount:coroner-system:coroner-shim" {
+		t.Fatalf("the shim is %q; want coroner-system's coroner-shim", u)
+	}
+
+	var managed *batchv1.Job
+	for _, j := range []*batchv1.Job{
+		wrappers.MakeJob("managed", ns).ManagedBy(conditions.ManagedBy).Suspend(true).Obj(),
+		wrappers.MakeJob("builtin", ns).Suspend(true).Obj(),
+		wrappers.MakeJob("other", ns).ManagedBy("example.com/other").Suspend(true).Obj(),
+	} {
+		created, err := admin.BatchV1().Jobs(ns).Create(ctx, j, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if created.Name == "managed" {
+			managed = created
+		}
+	}
+	jobPod := mustCreatePod(t, admin, wrappers.MakePod("managed-0", ns).ControlledBy(managed).Finalizer(conditions.JobTrackingFinalizer).Obj())
+	bare := mustCreatePod(t, admin, wrappers.MakePod("bare", ns).Obj())
+	optedIn := mustCreatePod(t, admin, wrappers.MakePod("opted-in", ns).Annotation(conditions.AnnotationKueueSafeToForcefullyTerminate, "true").Obj())
+	saysYes := mustCreatePod(t, admin, wrappers.MakePod("says-yes", ns).Annotation(conditions.AnnotationSafeToForcefullyDelete, "yes").Obj())
+
+	jobs := shim.BatchV1().Jobs(ns)
+	pods := shim.CoreV1().Pods(ns)
+	patcher := conditions.NewPodPatcher(shim, "coroner-shim")
+	ownJobs := fmt.Sprintf("ValidatingAdmissionPolicy '%s'", shimPolicyName)
+	dry := metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}
+	dryDelete := metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}
+	failed := []byte(`{"status":{"failed":1}}`)
+	// The shim's patch (shim/controller removeTrackingFinalizerPatch).
+	removeTracking := []byte(fmt.Sprintf(`{"metadata":{"$deleteFromPrimitiveList/finalizers":[%q]}}`, conditions.JobTrackingFinalizer))
+	unreachable := corev1.PodCondition{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: conditions.ReasonNodeUnreachable, Message: "written with the shim's token"}
+
+	// The policy is enforced once the API server's admission plugin has seen it.
+	err = eventually(30*time.Second, func() error {
+		_, err := jobs.Patch(ctx, "builtin", types.MergePatchType, failed, dry, "status")
+		if isForbiddenBy(err, ownJobs) {
+			return nil
+		}
+		return fmt.Errorf("patching the status of a Job without managedBy as the shim: %v", err)
+	})
+	if err != nil {
+		t.Fatalf("the policy is not enforced: %v", err)
+	}
+
+	t.Run("status of a Job it manages", func(t *testing.T) {
+		j := managed.DeepCopy()
+		j.Status.Failed = 1
+		got, err := jobs.UpdateStatus(ctx, j, metav1.UpdateOptions{})
+		wantAllowed(t, err)
+		if err == nil && got.Status.Failed != 1 {
+			t.Errorf("the status was not stored: %+v", got.Status)
+		}
+	})
+	t.Run("status of a Job without managedBy", func(t *testing.T) {
+		_, err := jobs.Patch(ctx, "builtin", types.MergePatchType, failed, metav1.PatchOptions{}, "status")
+		wantDenied(t, err, ownJobs, "coroner-shim may only write the status of Jobs with spec.managedBy coroner.dev/shim; Job "+ns+"/builtin has no spec.managedBy")
+	})
+	t.Run("status of a Job managed by another controller", func(t *testing.T) {
+		_, err := jobs.Patch(ctx, "other", types.MergePatchType, failed, metav1.PatchOptions{}, "status")
+		wantDenied(t, err, ownJobs, "Job "+ns+"/other has spec.managedBy example.com/other")
+	})
+
+	t.Run("create, delete and release a pod of a Job it manages", func(t *testing.T) {
+		pod := wrappers.MakePod("", ns).ControlledBy(managed).Finalizer(conditions.JobTrackingFinalizer).Obj()
+		pod.GenerateName = managed.Name + "-"
+		p, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+		wantAllowed(t, err)
+		if err != nil {
+			return
+		}
+		removeAtEnd(t, admin, ns, p.Name)
+		wantAllowed(t, pods.Delete(ctx, p.Name, metav1.DeleteOptions{}))
+		_, err = pods.Patch(ctx, p.Name, types.StrategicMergePatchType, removeTracking, metav1.PatchOptions{})
+		wantAllowed(t, err)
+		if _, err := admin.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the pod is still there once deleted and released: %v", err)
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		want string
+	}{
+		{"a bare pod", wrappers.MakePod("shim-made", ns).Obj(), "pod " + ns + "/shim-made has none"},
+		{"a bare pod in kube-system", wrappers.MakePod("shim-made", "kube-system").Obj(), "pod kube-system/shim-made has none"},
+		{"a pod owned but not controlled by a Job", func() *corev1.Pod {
+			p := wrappers.MakePod("shim-made", ns).ControlledBy(managed).Obj()
+			p.OwnerReferences[0].Controller = nil
+			return p
+		}(), "pod " + ns + "/shim-made has none"},
+		{"a pod controlled by a ReplicaSet", func() *corev1.Pod {
+			p := wrappers.MakePod("shim-made", ns).Obj()
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs", UID: "1234", Controller: ptrTo(true)}}
+			return p
+		}(), "pod " + ns + "/shim-made has none"},
+	} {
+		t.Run("create "+tc.name, func(t *testing.T) {
+			_, err := shim.CoreV1().Pods(tc.pod.Namespace).Create(ctx, tc.pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			wantDenied(t, err, ownJobs, "coroner-shim may only create pods controlled by a Job", tc.want)
+		})
+	}
+
+	t.Run("status of a pod of a Job", func(t *testing.T) {
+		_, err := conditions.EnsurePodCondition(ctx, patcher, jobPod, unreachable, metav1.Now)
+		wantAllowed(t, err)
+	})
+	t.Run("release a pod of a Job", func(t *testing.T) {
+		p, err := pods.Patch(ctx, jobPod.Name, types.StrategicMergePatchType, removeTracking, metav1.PatchOptions{})
+		wantAllowed(t, err)
+		if err == nil && len(p.Finalizers) != 0 {
+			t.Errorf("finalizers %q left", p.Finalizers)
+		}
+	})
+	for _, tc := range []struct {
+		name, patch string
+	}{
+		{"adding a label", `{"metadata":{"labels":{"app":"x"}}}`},
+		{"adding an annotation", `{"metadata":{"annotations":{"example.com/x":"y"}}}`},
+		{"adding a finalizer", `{"metadata":{"finalizers":["example.com/hold"]}}`},
+		{"releasing it and adding a label", fmt.Sprintf(`{"metadata":{"$deleteFromPrimitiveList/finalizers":[%q],"labels":{"app":"x"}}}`, conditions.JobTrackingFinalizer)},
+		{"taking its owner reference off", `{"metadata":{"ownerReferences":null}}`},
+		{"changing its spec", `{"spec":{"activeDeadlineSeconds":5}}`},
+	} {
+		t.Run("patch a pod of a Job "+tc.name, func(t *testing.T) {
+			_, err := pods.Patch(ctx, jobPod.Name, types.StrategicMergePatchType, []byte(tc.patch), dry)
+			wantDenied(t, err, ownJobs, "coroner-shim may patch a pod only to remove the finalizer batch.kubernetes.io/job-tracking, changing nothing else; pod "+ns+"/managed-0")
+		})
+	}
+	t.Run("a label through pods/status of a pod of a Job", func(t *testing.T) {
+		_, err := pods.Patch(ctx, jobPod.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"x"}}}`), dry, "status")
+		wantDenied(t, err, ownJobs, "coroner-shim may change no label, annotation or finalizer of a pod through pods/status; pod "+ns+"/managed-0")
+	})
+
+	t.Run("recover a pod opted in: phase Failed, then a forced deletion", func(t *testing.T) {
+		_, err := conditions.EnsurePodPhase(ctx, patcher, optedIn, corev1.PodFailed, metav1.Now, unreachable)
+		wantAllowed(t, err)
+		err = pods.Delete(ctx, optedIn.Name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo[int64](0), Preconditions: &metav1.Preconditions{UID: &optedIn.UID}})
+		wantAllowed(t, err)
+	})
+	for _, p := range []*corev1.Pod{bare, saysYes} {
+		t.Run("status of "+p.Name, func(t *testing.T) {
+			_, err := conditions.EnsurePodCondition(ctx, patcher, p, unreachable, metav1.Now)
+			wantDenied(t, err, ownJobs, "coroner-shim may only write the status of pods controlled by a Job or opted in to recovery; pod "+ns+"/"+p.Name+" is neither")
+		})
+		t.Run("delete "+p.Name, func(t *testing.T) {
+			err := pods.Delete(ctx, p.Name, dryDelete)
+			wantDenied(t, err, ownJobs, "coroner-shim may only delete pods controlled by a Job or opted in to recovery", "pod "+ns+"/"+p.Name+" is neither")
+		})
+	}
+	t.Run("opt a bare pod in through pods/status", func(t *testing.T) {
+		_, err := pods.Patch(ctx, bare.Name, types.MergePatchType, []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"true"}}}`, conditions.AnnotationSafeToForcefullyDelete)), dry, "status")
+		wantDenied(t, err, ownJobs, "pod "+ns+"/bare is neither")
 	})
 }
 
 // createPod creates a pod bound to node (none when empty), run by serviceAccount (the
-// namespace's default when empty), and force-deletes it when the test ends (no kubelet
-// would finish a graceful deletion).
+// namespace's default when empty), and removes it when the test ends (mustCreatePod).
 func createPod(t *testing.T, c kubernetes.Interface, ns, name, node, serviceAccount string) *corev1.Pod {
 	t.Helper()
 	pod := &corev1.Pod{
@@ -201,14 +367,43 @@ func createPod(t *testing.T, c kubernetes.Interface, ns, name, node, serviceAcco
 			Containers:         []corev1.Container{{Name: "main", Image: "busybox:local"}},
 		},
 	}
-	p, err := c.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{})
+	return mustCreatePod(t, c, pod)
+}
+
+// mustCreatePod creates pod with the admin client c and removes it when the test ends.
+func mustCreatePod(t *testing.T, c kubernetes.Interface, pod *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	p, err := c.CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatalf("creating pod %s/%s: %v", ns, name, err)
+		t.Fatalf("creating pod %s/%s: %v", pod.Namespace, pod.Name, err)
 	}
-	t.Cleanup(func() {
-		_ = c.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo[int64](0)})
-	})
+	removeAtEnd(t, c, p.Namespace, p.Name)
 	return p
+}
+
+// removeAtEnd takes the pod's finalizers off and force-deletes it when the test ends, with
+// the admin client c: no kubelet would finish a graceful deletion, and no Job controller
+// takes the tracking finalizer off.
+func removeAtEnd(t *testing.T, c kubernetes.Interface, ns, name string) {
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = c.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+		_ = c.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo[int64](0)})
+	})
+}
+
+func wantDenied(t *testing.T, err error, parts ...string) {
+	t.Helper()
+	if !isForbiddenBy(err, parts...) {
+		t.Errorf("err = %v; want 403 Forbidden naming %q", err, parts)
+	}
+}
+
+func wantAllowed(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Errorf("err = %v; want allowed", err)
+	}
 }
 
 // tokenFor requests a token for the service account of coroner's namespace, bound to pod

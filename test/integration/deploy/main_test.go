@@ -7,12 +7,14 @@
 //     argument of the agent's and the shim's containers is a flag of coroner-agent and
 //     coroner-shim and passes their validation; the base is accepted by the API server with
 //     server-side apply and strict field validation, the overlays with a server-side dry
-//     run, and the admission policy's CEL type-checks (kube-controller-manager's
+//     run, and the admission policies' CEL type-checks (kube-controller-manager's
 //     validatingadmissionpolicy-status-controller reports no warning).
 //   - rbac_test.go: least privilege, by SubjectAccessReviews for both service accounts.
-//   - admission_test.go: the ValidatingAdmissionPolicy keeps the agent to its own node,
-//     with real service account tokens: a TokenRequest bound to a pod on node-a gives the
-//     node-name claim, and with it the agent may write pods on node-a and not on node-b.
+//   - admission_test.go: the ValidatingAdmissionPolicies keep the agent to its own node
+//     and the shim to its own Jobs, with real service account tokens: a TokenRequest bound
+//     to a pod on node-a gives the node-name claim, and with it the agent may write pods on
+//     node-a and not on node-b; the shim may write the status of a Job with its managedBy
+//     and that Job's pods, and not a bare pod's.
 //   - check_test.go: `coronerctl check` finds exactly what the API server rejects, with
 //     the same field paths and messages.
 //   - explain_test.go: `coronerctl explain` against the real API server (selectors, the
@@ -58,8 +60,10 @@ func TestMain(m *testing.M) { os.Exit(harness.Main(m)) }
 const (
 	// namespace is coroner's namespace in deploy/base.
 	namespace = "coroner-system"
-	// policyName is the ValidatingAdmissionPolicy (and binding) of deploy/base.
+	// policyName is the agent's ValidatingAdmissionPolicy (and binding) of deploy/base.
 	policyName = "coroner-agent-own-node"
+	// shimPolicyName is the shim's.
+	shimPolicyName = "coroner-shim-own-jobs"
 	// fieldManager is the server-side apply field manager of these tests.
 	fieldManager = "coroner-deploy-test"
 )
@@ -231,15 +235,19 @@ func deployed(t *testing.T) *harness.Env {
 	return env
 }
 
-// waitForPolicy checks that the policy and its binding are stored. The admission plugin
-// reads them through informers, so a request right after the apply may not be checked
-// yet: the admission test waits for the first denial before it asserts anything.
+// waitForPolicy checks that the policies and their bindings are stored. The admission
+// plugin reads them through informers, so a request right after the apply may not be
+// checked yet: the admission tests wait for the first denial before they assert anything.
 func waitForPolicy(ctx context.Context, admin kubernetes.Interface) error {
-	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, policyName, metav1.GetOptions{}); err != nil {
-		return err
+	for _, name := range []string{policyName, shimPolicyName} {
+		if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return err
+		}
+		if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return err
+		}
 	}
-	_, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, policyName, metav1.GetOptions{})
-	return err
+	return nil
 }
 
 // eventually retries f until it returns nil or the timeout passes, and returns its last

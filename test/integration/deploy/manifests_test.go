@@ -224,12 +224,14 @@ func TestRenderedManifests(t *testing.T) {
 				}
 			}
 
-			if _, ok := r.objs["ValidatingAdmissionPolicy/"+policyName].(*admissionregistrationv1.ValidatingAdmissionPolicy); !ok {
-				t.Errorf("no ValidatingAdmissionPolicy %s", policyName)
-			}
-			if b, ok := r.objs["ValidatingAdmissionPolicyBinding/"+policyName].(*admissionregistrationv1.ValidatingAdmissionPolicyBinding); !ok ||
-				b.Spec.PolicyName != policyName || !slices.Contains(b.Spec.ValidationActions, admissionregistrationv1.Deny) {
-				t.Errorf("no binding of %s with action Deny", policyName)
+			for _, name := range []string{policyName, shimPolicyName} {
+				if _, ok := r.objs["ValidatingAdmissionPolicy/"+name].(*admissionregistrationv1.ValidatingAdmissionPolicy); !ok {
+					t.Errorf("no ValidatingAdmissionPolicy %s", name)
+				}
+				if b, ok := r.objs["ValidatingAdmissionPolicyBinding/"+name].(*admissionregistrationv1.ValidatingAdmissionPolicyBinding); !ok ||
+					b.Spec.PolicyName != name || !slices.Contains(b.Spec.ValidationActions, admissionregistrationv1.Deny) {
+					t.Errorf("no binding of %s with action Deny", name)
+				}
 			}
 		})
 	}
@@ -339,22 +341,25 @@ func TestManifestsApply(t *testing.T) {
 		t.Fatalf("starting kube-controller-manager: %v", err)
 	}
 	defer stop()
-	var policy *admissionregistrationv1.ValidatingAdmissionPolicy
-	err = eventually(60*time.Second, func() error {
-		p, err := client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, policyName, metav1.GetOptions{})
+	for _, name := range []string{policyName, shimPolicyName} {
+		var policy *admissionregistrationv1.ValidatingAdmissionPolicy
+		err = eventually(60*time.Second, func() error {
+			p, err := client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if p.Status.ObservedGeneration != p.Generation || p.Status.TypeChecking == nil {
+				return errors.New("not type-checked yet")
+			}
+			policy = p
+			return nil
+		})
 		if err != nil {
-			return err
+			t.Errorf("policy %s: %v", name, err)
+			continue
 		}
-		if p.Status.ObservedGeneration != p.Generation || p.Status.TypeChecking == nil {
-			return errors.New("not type-checked yet")
+		for _, w := range policy.Status.TypeChecking.ExpressionWarnings {
+			t.Errorf("policy %s: type-checking warning at %s: %s", name, w.FieldRef, w.Warning)
 		}
-		policy = p
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("policy %s: %v", policyName, err)
-	}
-	for _, w := range policy.Status.TypeChecking.ExpressionWarnings {
-		t.Errorf("policy %s: type-checking warning at %s: %s", policyName, w.FieldRef, w.Warning)
 	}
 }

@@ -12,7 +12,8 @@ import (
 
 // TestLeastPrivilege asks the API server's RBAC authorizer, through SubjectAccessReviews,
 // what the two service accounts of deploy/ may do. What the agent may do to pods and
-// Leases is narrowed further by the admission policy (admission_test.go).
+// Leases, and the shim to Jobs' status and pods, is narrowed further by the admission
+// policies (admission_test.go).
 func TestLeastPrivilege(t *testing.T) {
 	env := deployed(t)
 	client := kubernetes.NewForConfigOrDie(env.Config)
@@ -101,6 +102,8 @@ func TestLeastPrivilege(t *testing.T) {
 			{verb: "update", group: "rbac.authorization.k8s.io", resource: "clusterroles", name: sa},
 			{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingadmissionpolicies", name: policyName},
 			{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingadmissionpolicybindings", name: policyName},
+			{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingadmissionpolicies", name: shimPolicyName},
+			{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingadmissionpolicybindings", name: shimPolicyName},
 			{verb: "impersonate", resource: "serviceaccounts", namespace: namespace},
 		} {
 			cases = append(cases, sarCase{sa, a, false})
