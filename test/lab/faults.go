@@ -339,10 +339,12 @@ func (c Config) KillShimLeader(ctx context.Context, cs kubernetes.Interface) (Sh
 	return k, nil
 }
 
-// TagImage gives the image src a second name dst in every process node's containerd (as
-// a new release's tag of the same image would) and waits until each CRI plugin sees it.
+// TagImage gives the image src a second name dst in every node's containerd, the VM
+// node's too when it runs (as a new release's tag of the same image would), and waits
+// until each CRI plugin sees it.
 func (c Config) TagImage(ctx context.Context, src, dst string) error {
-	if _, err := c.upState(); err != nil {
+	st, err := c.upState()
+	if err != nil {
 		return err
 	}
 	for _, n := range c.Nodes {
@@ -354,24 +356,48 @@ func (c Config) TagImage(ctx context.Context, src, dst string) error {
 		if err != nil {
 			return fmt.Errorf("%s: ctr images tag %s %s: %w\n%s", n.Name, src, dst, err, out)
 		}
-		cri, err := dialCRI(n.Socket())
-		if err != nil {
+		if err := waitCRIImage(ctx, n.Name, n.Socket(), dst); err != nil {
 			return err
 		}
-		err = Poll(ctx, 20*time.Second, "image "+dst+" in the CRI plugin of "+n.Name, func() (bool, error) {
-			r, err := cri.images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: dst}})
-			return err == nil && r.Image != nil, nil
-		})
-		cri.Close()
+	}
+	if _, ok := vmRunning(st); ok {
+		n := VMNode()
+		if out, err := c.VMExec(ctx, vmCtr("images tag --force "+src+" "+dst)); err != nil {
+			return fmt.Errorf("%s: ctr images tag %s %s: %w\n%s", n.Name, src, dst, err, out)
+		}
+		local, stop, err := c.VMSocket(ctx, n.Socket())
 		if err != nil {
+			return fmt.Errorf("%s: %w", n.Name, err)
+		}
+		defer stop()
+		if err := waitCRIImage(ctx, n.Name, local, dst); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// UntagImage removes the image name from every process node's containerd (the content
-// stays while another name refers to it).
+// vmCtr is a shell command that runs ctr with args on the VM node's containerd, in its
+// k8s.io namespace.
+func vmCtr(args string) string {
+	return ". " + vmGuestOS + "/node/node.env && " + vmGuestOS + "/bin/containerd2/ctr -a \"$SOCKET\" -n k8s.io " + args
+}
+
+// waitCRIImage waits until the CRI plugin at socket (node's) knows the image name.
+func waitCRIImage(ctx context.Context, node, socket, name string) error {
+	cri, err := dialCRI(socket)
+	if err != nil {
+		return err
+	}
+	defer cri.Close()
+	return Poll(ctx, 20*time.Second, "image "+name+" in the CRI plugin of "+node, func() (bool, error) {
+		r, err := cri.images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: name}})
+		return err == nil && r.Image != nil, nil
+	})
+}
+
+// UntagImage removes the image name from every node's containerd, the VM node's too when
+// it runs (the content stays while another name refers to it).
 func (c Config) UntagImage(ctx context.Context, name string) error {
 	var errs []error
 	for _, n := range c.Nodes {
@@ -381,6 +407,13 @@ func (c Config) UntagImage(ctx context.Context, name string) error {
 		}
 		if out, err := exec.CommandContext(ctx, rt.Ctr, "-a", n.Socket(), "-n", "k8s.io", "images", "rm", name).CombinedOutput(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: ctr images rm %s: %w\n%s", n.Name, name, err, out))
+		}
+	}
+	if st, err := c.upState(); err == nil {
+		if _, ok := vmRunning(st); ok {
+			if out, err := c.VMExec(ctx, vmCtr("images rm "+name)); err != nil {
+				errs = append(errs, fmt.Errorf("%s: ctr images rm %s: %w\n%s", VMNode().Name, name, err, out))
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -55,7 +55,7 @@ func Redeploy(ctx context.Context, c Config) error {
 			}
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 			cmd := exec.CommandContext(cctx, "ssh", append(vmSSHOptions(filepath.Join(c.nodeDir(n), "ssh-key")), "root@"+n.IP.String(),
-				". "+vmGuestOS+"/node/node.env && "+vmGuestOS+"/bin/containerd2/ctr -a \"$SOCKET\" -n k8s.io images import -")...)
+				vmCtr("images import -"))...)
 			cmd.Stdin = f
 			out, err := cmd.CombinedOutput()
 			cancel()
