@@ -15,6 +15,7 @@ import (
 	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/agent/metrics"
 	"github.com/coroner-dev/coroner/agent/stamper"
+	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/cri"
 )
 
@@ -124,7 +125,12 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 		logger.V(2).Info("Container exit classified", "exitCode", x.ExitCode, "reason", x.Reason, "verdict", verdictName(v.Kind),
 			"basis", v.Basis, "evidence", v.Evidence, "stamps", len(reqs), "source", x.Source)
 		if v.Kind == classify.UnknownOOM {
-			logger.Info("Container was OOM-killed but nothing says whose limit it was; stamping nothing", "evidence", v.Evidence)
+			if replay && conditions.Find(&pod.Status, conditions.OOMKilled) != nil {
+				// Stamped by an earlier run of the agent, which had the evidence.
+				logger.V(2).Info("Container was OOM-killed before the agent started; an earlier run stamped it", "evidence", v.Evidence)
+			} else {
+				logger.Info("Container was OOM-killed but nothing says whose limit it was; stamping nothing", "evidence", v.Evidence, "replay", replay)
+			}
 		}
 	case itemOOM:
 		a.mu.Lock()

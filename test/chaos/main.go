@@ -158,6 +158,10 @@ func run() int {
 		return 2
 	}
 	defer e.runUndos(context.Background())
+	logsCtx, stopLogs := context.WithCancel(ctx)
+	logsDir := filepath.Join(e.truthRoot, "coroner-logs")
+	waitLogs := e.followLogs(logsCtx, logsDir)
+	defer func() { stopLogs(); waitLogs() }()
 
 	start := time.Now()
 	baseline, _ := e.restartCounts(ctx)
@@ -194,6 +198,7 @@ func run() int {
 	}
 	after, _ := e.restartCounts(context.Background())
 	printTable(os.Stdout, results, time.Since(start))
+	fmt.Printf("coroner's logs, every container of the run: %s\n", logsDir)
 	fmt.Printf("coroner containers restarted or replaced during the run (kills and rollouts do this on purpose): %v\n", orNone(restartsSince(baseline, after)))
 	for _, r := range results {
 		if len(r.Problems) > 0 {
