@@ -21,6 +21,10 @@
 // the moment a watch on the pods delivers the stamped pod. An OOM stamp can come before
 // the exit is recorded (containerd's OOM event arrives first), which shows as a negative
 // latency.
+//
+// With -storm (`make bench-agent-storm`) it runs the storm mode instead, described in
+// storm.go: the real coroner-agent binary under 1,000 container exits per minute and 100
+// OOM kills, its memory and goroutines measured before, during and after.
 package main
 
 import (
@@ -75,10 +79,17 @@ func main() {
 	logFile := flag.String("log-file", "", "write the agents' logs (klog) to this file; default: no logs")
 	logV := flag.Int("log-v", 0, "klog verbosity of the agents' logs (2: every classification)")
 	only := flag.String("scenarios", "oom,exit-on-deletion", "the scenarios to run, comma-separated (e.g. -scenarios=exit-on-deletion -n 1000 -parallel 10 for the no-exit-lost check)")
+	stormMode := flag.Bool("storm", false, "instead of the latency scenarios: the real agent binary under a storm of exits and OOM kills, its memory and goroutines before, during and after (storm.go; the flags marked -storm)")
+	sc := addStormFlags()
 	flag.Parse()
 	measure.QuietKlog(*logFile, *logV)
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, config{n: *n, parallel: *parallel, oomSpacing: *oomSpacing, timeout: *timeout, grace: *grace, scenarios: strings.Split(*only, ",")})
+	var err error
+	if *stormMode {
+		err = runStorm(ctx, sc)
+	} else {
+		err = run(ctx, config{n: *n, parallel: *parallel, oomSpacing: *oomSpacing, timeout: *timeout, grace: *grace, scenarios: strings.Split(*only, ",")})
+	}
 	cancel()
 	klog.Flush()
 	if err != nil {

@@ -235,6 +235,13 @@ func (p *Pod) PID(ctx context.Context, id string) (int, error) {
 	return info.PID, nil
 }
 
+// RemoveContainer removes an exited container, as the kubelet's garbage collection does
+// with the instances of a restarting container older than the last one.
+func (p *Pod) RemoveContainer(ctx context.Context, id string) error {
+	_, err := p.node.CRI.Runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
+	return err
+}
+
 // Remove stops and removes the sandbox and its containers.
 func (p *Pod) Remove(ctx context.Context) error {
 	rt := p.node.CRI.Runtime
