@@ -10,7 +10,7 @@ PKGS_UNIT := ./cmd/... ./conditions/... ./shim/... ./agent/... ./cri/...
 PKGS_INTEGRATION := ./test/...
 MAINS    := coroner-shim coroner-agent coronerctl
 
-.PHONY: all deps build tools deploy-tools helm-test lint test test-unit test-integration fuzz bench bench-agent bench-shim bench-nodeloss lab lab-down lab-redeploy lab-status test-lab e2e chaos-test e2e-kind kind-image kind-lab kind-down clean help FORCE
+.PHONY: all deps build tools deploy-tools helm-test lint test test-unit test-integration fuzz bench bench-agent bench-agent-storm bench-shim bench-nodeloss lab lab-down lab-redeploy lab-status test-lab e2e chaos-test e2e-kind kind-image kind-lab kind-down clean help FORCE
 
 all: build lint test
 
@@ -54,7 +54,7 @@ helm-test: tools deploy-tools ## the Helm chart vs kustomize, helm install into 
 	CORONER_REQUIRE_DEPLOY_TOOLS=1 $(REQUIRE) $(GOTEST) -v ./test/deploy/
 
 # Benchmarks are programs that print ratios measured side by side in one run.
-bench: bench-shim bench-agent bench-nodeloss ## every benchmark: P1 shim vs built-in, P2 agent, P3 node loss (root, ~8 min)
+bench: bench-shim bench-agent bench-agent-storm bench-nodeloss ## every benchmark: P1 shim vs built-in, P2 agent (latency, then bounded under a storm), P3 node loss (root, ~14 min)
 
 bench-shim: tools ## P1: coroner-shim vs the built-in Job controller side by side: presets small, failfast, failjob-500, indexed-10k (BENCH_SHIM_PRESET; ~10 min for all)
 	$(GO) run ./test/bench/shim -preset $(or $(BENCH_SHIM_PRESET),all) $(BENCH_ARGS)
@@ -63,8 +63,17 @@ bench-nodeloss: build ## P3: a lab node partitioned: time to a replacement pod R
 	$(ROOT_CHECK)
 	$(GO) run ./test/bench/nodeloss $(BENCH_ARGS)
 
+.PHONY: bench-p2
+bench-p2: ## P2 against the kubelet on the lab that is up (make lab first; never brings one up or down): per node configuration 200 exits + 50 limit OOMs (the VM node 20 + 5), finishedAt -> coroner's stamp and -> the kubelet's status, agent/kubelet/containerd RSS and CPU; _output/bench/p2.json (root, ~16 min with the VM node, ~9 without)
+	$(ROOT_CHECK)
+	$(GO) run ./test/bench/kubelet $(BENCH_ARGS)
+
 bench-agent: tools ## node agent latency, containerd events vs relist, on a real API server and containerd (root; not a test)
 	$(GO) run ./test/bench/agent $(BENCH_ARGS)
+
+bench-agent-storm: tools build ## the agent binary under 1,000 exits/min and 100 OOM kills for 3 min: RSS, goroutines, fds before/during/after, every exit stamped (root, ~6 min)
+	$(ROOT_CHECK)
+	$(GO) run ./test/bench/agent -storm $(BENCH_ARGS)
 
 fuzz: ## run the fuzz targets for a short while each
 	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=30s ./shim/indexes/
