@@ -240,6 +240,25 @@ func readInt(name string, dst *int64) error {
 	return nil
 }
 
+// PageCache returns the page cache charged to the memory cgroup directory dir of
+// version v and to the cgroups below it, in bytes: memory.stat's total_cache on v1
+// (hierarchical), file on v2 (hierarchical there). The agent does not need it; the lab's
+// OOM squeeze does (it lowers a limit below what reclaim can give back).
+func PageCache(v Version, dir string) (int64, error) {
+	kv, ok, err := readKeyValues(filepath.Join(dir, "memory.stat"))
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		return 0, fmt.Errorf("%s: no memory.stat: %w", dir, fs.ErrNotExist)
+	}
+	key := "total_cache"
+	if v == V2 {
+		key = "file"
+	}
+	return int64(kv[key]), nil
+}
+
 // readKeyValues reads a flat-keyed file ("key value" lines, as
 // memory.events and memory.oom_control are). ok is false when the file is
 // missing.

@@ -156,6 +156,38 @@ func TestRead(t *testing.T) {
 	}
 }
 
+func TestPageCache(t *testing.T) {
+	// Shapes of memory.stat as Linux 6.x prints them (v1: cache and total_cache, the
+	// latter hierarchical; v2: file), values made up.
+	cases := map[string]struct {
+		v       Version
+		stat    string
+		want    int64
+		wantErr bool
+	}{
+		"v1 takes total_cache, not the cgroup's own cache": {
+			v: V1, stat: "cache 4096\nrss 8192\ntotal_cache 1048576\ntotal_rss 2097152\n", want: 1048576},
+		"v2 takes file":        {v: V2, stat: "anon 2097152\nfile 524288\nkernel 65536\n", want: 524288},
+		"v2 without file is 0": {v: V2, stat: "anon 1\n", want: 0},
+		"garbage is an error":  {v: V2, stat: "file lots\n", wantErr: true},
+		"no memory.stat":       {v: V1, wantErr: true},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tc.stat != "" {
+				if err := os.WriteFile(filepath.Join(dir, "memory.stat"), []byte(tc.stat), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := PageCache(tc.v, dir)
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Errorf("PageCache = %d, %v; want %d, error %v", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
 func TestSub(t *testing.T) {
 	cases := map[string]struct {
 		before, after Memory

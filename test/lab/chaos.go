@@ -241,27 +241,6 @@ func (c Config) OOM(ctx context.Context, pod *corev1.Pod, scope OOMScope, timeou
 	return squeeze(ctx, rel, timeout)
 }
 
-// pageCache is the page cache charged to the memory cgroup directory dir and its
-// descendants, in bytes: memory.stat's total_cache on cgroup v1, file on v2 (hierarchical
-// there); 0 if unreadable.
-func pageCache(v cgroup.Version, dir string) int64 {
-	key := "total_cache "
-	if v == cgroup.V2 {
-		key = "file "
-	}
-	b, err := os.ReadFile(filepath.Join(dir, "memory.stat"))
-	if err != nil {
-		return 0
-	}
-	for line := range strings.Lines(string(b)) {
-		if rest, ok := strings.CutPrefix(line, key); ok {
-			n, _ := strconv.ParseInt(strings.TrimSpace(rest), 10, 64)
-			return n
-		}
-	}
-	return 0
-}
-
 // podCgroup finds the pod's cgroup under kubepods: kubepods/pod<uid> (Guaranteed),
 // kubepods/burstable/pod<uid> or kubepods/besteffort/pod<uid>.
 func podCgroup(kubepods, uid string) (string, error) {
@@ -374,7 +353,8 @@ func squeeze(ctx context.Context, rel string, timeout time.Duration) (res OOMRes
 		if err != nil {
 			return res, err
 		}
-		res.Limit = max(now.Usage-pageCache(orig.Version, orig.Dir), 1<<20) + margin
+		cache, _ := cgroup.PageCache(orig.Version, orig.Dir) // 0 if unreadable: the limit is the usage
+		res.Limit = max(now.Usage-cache, 1<<20) + margin
 		if err := setMemoryLimit(orig.Version, orig.Dir, res.Limit); err == nil {
 			set = true
 		} else if !errors.Is(err, syscall.EBUSY) {
