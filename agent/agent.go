@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +48,9 @@ const (
 	// KernelBacklogWait bounds the wait for the kernel log's backlog at the start (see
 	// Config.KernelCaughtUp).
 	KernelBacklogWait = 5 * time.Second
+	// DefaultShutdownGrace is Config.ShutdownGrace's default, under the DaemonSet's
+	// terminationGracePeriodSeconds (15).
+	DefaultShutdownGrace = 10 * time.Second
 )
 
 // uidIndex indexes the pod cache by metadata.uid: containers name their pod by UID.
@@ -107,6 +111,11 @@ type Config struct {
 	PodCacheWait, PodWaitMax time.Duration
 	// Workers is how many events are classified at the same time; default 2.
 	Workers int
+	// ShutdownGrace bounds the drain when Run's context ends (SIGTERM: a rollout, a node
+	// drain): the agent stops following the runtime and the kernel, then classifies
+	// the events it already has and writes every stamp pending, for at most this long
+	// (see Agent.drain); default DefaultShutdownGrace; negative: no drain.
+	ShutdownGrace time.Duration
 	// Clock is the agent's clock; default the real one.
 	Clock clock.WithTicker
 	// Metrics receives the agent's metrics; nil means a private registry.
@@ -172,6 +181,11 @@ type Agent struct {
 	prefixConflict bool
 	// started is when Run started.
 	started time.Time
+	// draining: Run's context is done and the agent finishes what it has (drain); the
+	// kernel's reports no longer come, so nothing waits for them.
+	draining atomic.Bool
+	// busy counts the work items being processed (the queue's Len counts the waiting).
+	busy atomic.Int32
 }
 
 // New builds an Agent; nothing runs until Run.
@@ -193,6 +207,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.KernelWait <= 0 {
 		cfg.KernelWait = DefaultKernelWait
+	}
+	if cfg.ShutdownGrace == 0 {
+		cfg.ShutdownGrace = DefaultShutdownGrace
 	}
 	if cfg.PodCacheWait <= 0 {
 		cfg.PodCacheWait = DefaultPodCacheWait
@@ -319,6 +336,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.factory.Shutdown()
 		logger.Info("The node agent stopped")
 	}()
+	// The stamper and the workers outlive ctx by the drain (ShutdownGrace): what the
+	// agent already knows when it is told to stop is still written.
+	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
 	goFunc := func(f func()) {
 		wg.Add(1)
 		go func() {
@@ -334,7 +355,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Kernel != nil {
 		goFunc(func() { a.consumeKernel(ctx) })
 	}
-	goFunc(func() { a.stamper.Run(ctx) })
+	goFunc(func() { a.stamper.Run(workCtx) })
 	goFunc(func() { a.watchRuntime(ctx) })
 	goFunc(func() { a.collectGarbage(ctx) })
 	if a.fencer != nil {
@@ -349,12 +370,60 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	for range a.cfg.Workers {
 		goFunc(func() {
-			for a.processNext(ctx) {
+			for a.processNext(workCtx) {
 			}
 		})
 	}
 	<-ctx.Done()
+	a.drain(logger)
+	stopWork()
 	return nil
+}
+
+// drainTick is how often drain looks whether the work is done.
+const drainTick = 20 * time.Millisecond
+
+// drain finishes, for at most Config.ShutdownGrace, what the agent knows when Run's
+// context ends: the runtime's and the kernel's streams have stopped, the workers classify
+// the events already queued (an OOM kill no longer waits for a kernel report that cannot
+// come; items delayed earlier return within KernelWait) and the stamper writes every
+// pending stamp. A rolling update of the DaemonSet then loses nothing the old agent
+// saw: the new one's replay places exits from the runtime's statuses, but an OOM kill
+// whose kernel report has left the ring buffer can no longer be told a limit OOM from a
+// node OOM. What is left when the grace period is over is logged, pod by pod, and
+// counted as dropped (reason Shutdown).
+func (a *Agent) drain(logger klog.Logger) {
+	if a.cfg.ShutdownGrace < 0 {
+		return
+	}
+	a.draining.Store(true)
+	start := a.clock.Now()
+	deadline := start.Add(a.cfg.ShutdownGrace)
+	settled := start.Add(a.cfg.KernelWait + drainTick)
+	tick := a.clock.NewTicker(drainTick)
+	defer tick.Stop()
+	for {
+		now := a.clock.Now()
+		if !now.Before(deadline) {
+			break
+		}
+		if !now.Before(settled) && a.queue.Len() == 0 && a.busy.Load() == 0 && a.stamper.Idle() {
+			logger.Info("Drained: every stamp written", "took", now.Sub(start))
+			return
+		}
+		<-tick.C()
+	}
+	pods, stamps := a.stamper.Unwritten()
+	for range stamps {
+		a.metrics.Dropped(metrics.DroppedShutdown)
+	}
+	names := make([]string, 0, min(len(pods), 10))
+	for _, p := range pods[:min(len(pods), 10)] {
+		names = append(names, p.String())
+	}
+	logger.Error(nil, "Stopping with stamps unwritten: the shutdown grace period is over",
+		"grace", a.cfg.ShutdownGrace, "stamps", stamps, "pods", len(pods), "firstPods", names,
+		"eventsUnclassified", a.queue.Len()+int(a.busy.Load()))
 }
 
 // podByUID returns the cached pod with uid, nil when there is none. uid is the pod's

@@ -78,6 +78,8 @@ type testEnv struct {
 	a       *Agent
 	m       *metrics.Metrics
 	root    string
+	cancel  context.CancelFunc // Run's
+	done    chan error         // Run's result
 }
 
 func newTestEnv(t *testing.T, tweak func(*Config), pods ...*corev1.Pod) *testEnv {
@@ -104,13 +106,12 @@ func newTestEnv(t *testing.T, tweak func(*Config), pods ...*corev1.Pod) *testEnv
 	}
 	e.a = a
 	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
+	ctx, e.cancel = context.WithCancel(ctx)
+	e.done = make(chan error, 1)
+	go func() { e.done <- a.Run(ctx) }()
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
+		if e.cancel != nil { // else the test's e.shutdown did
+			e.shutdown()
 		}
 	})
 	e.until("the cache synced", a.HasSynced)
@@ -138,6 +139,31 @@ func (e *testEnv) stepUntil(what string, step time.Duration, cond func() bool) {
 			e.t.Fatalf("%s: not within 10s (fake clock at +%v)", what, e.clk.Now().Sub(t0))
 		}
 		e.clk.Step(step)
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// shutdown ends Run's context (SIGTERM) and steps the fake clock until Run returns: the
+// fake time the drain took.
+func (e *testEnv) shutdown() time.Duration {
+	e.t.Helper()
+	start := e.clk.Now()
+	e.cancel()
+	e.cancel = nil
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case err := <-e.done:
+			if err != nil {
+				e.t.Errorf("Run: %v", err)
+			}
+			return e.clk.Now().Sub(start)
+		default:
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("Run did not return within 10s (fake clock at +%v)", e.clk.Now().Sub(start))
+		}
+		e.clk.Step(10 * time.Millisecond)
 		time.Sleep(2 * time.Millisecond)
 	}
 }
@@ -657,5 +683,99 @@ func TestStaticPodMirrorStamped(t *testing.T) {
 	}
 	if n := len(e.a.observedStates(runtimeUID(e.a.podByUID(mirror.UID)))); n != 1 {
 		t.Errorf("the pod-level decision sees %d runtime states, want 1", n)
+	}
+}
+
+// TestShutdownWritesWhatItKnows: told to stop (SIGTERM, a rollout), the agent still
+// writes the stamp waiting for its batch and classifies the OOM kill that was waiting for
+// a kernel report (which can no longer come), then returns; nothing is dropped.
+func TestShutdownWritesWhatItKnows(t *testing.T) {
+	hogUID := types.UID("dddddddd-dddd-4ddd-8ddd-dddddddddddd")
+	quietUID := types.UID("eeeeeeee-eeee-4eee-8eee-eeeeeeeeeeee")
+	hog := newPod("hog", hogUID, corev1.RestartPolicyNever, "main")
+	quiet := newPod("quiet", quietUID, corev1.RestartPolicyNever, "main")
+	e := newTestEnv(t, nil, hog, quiet)
+
+	hogID := containerID(20)
+	e.kernel <- oomKill(hog, hogID, 0)
+	e.until("the kernel kill read", func() bool {
+		e.a.mu.Lock()
+		defer e.a.mu.Unlock()
+		return len(e.a.kernel.kills) == 1
+	})
+	e.src.Send(exited(hog, "main", hogID, 137, "OOMKilled"))
+	e.until("the hog's stamp queued", func() bool { return e.a.stamper.Pending(hogUID) > 0 })
+
+	quietID := containerID(21)
+	cg := podCgroup(quietUID) + "/" + quietID
+	e.writeCgroup(podCgroup(quietUID), 0, 0, 0, 0)
+	e.writeCgroup(cg, 0, 0, 20<<20, 1<<20, 99)
+	e.src.Send(event(cri.Started, quiet, "main", quietID))
+	e.until("the start reading", func() bool {
+		e.a.mu.Lock()
+		defer e.a.mu.Unlock()
+		c := e.a.containers[quietID]
+		return c != nil && c.podAtStart != nil
+	})
+	e.writeCgroup(cg, 1, 12, 20<<20, 20<<20, 99)
+	e.writeCgroup(podCgroup(quietUID), 1, 12, 0, 20<<20)
+	oom := event(cri.OOM, quiet, "main", quietID)
+	oom.OOMAt = t0
+	e.src.Send(oom)
+	e.until("waiting for the kernel", func() bool {
+		e.a.mu.Lock()
+		defer e.a.mu.Unlock()
+		c := e.a.containers[quietID]
+		return c != nil && c.kernelWaited[itemOOM]
+	})
+	if conditions.IsTrue(&e.pod("hog").Status, conditions.OOMKilled) {
+		t.Fatal("stamped before its batch period: the test shows nothing")
+	}
+
+	took := e.shutdown()
+	for _, name := range []string{"hog", "quiet"} {
+		if !conditions.IsTrue(&e.pod(name).Status, conditions.OOMKilled) {
+			t.Errorf("pod %s: no OOMKilled stamp after the shutdown", name)
+		}
+	}
+	if v := metrics.Value(e.m.DroppedEvents); v != 0 {
+		t.Errorf("dropped = %v, want 0", v)
+	}
+	if took >= DefaultShutdownGrace {
+		t.Errorf("the drain took %v: it waited out the grace period with nothing left", took)
+	}
+}
+
+// TestShutdownGraceOver: an API server that refuses every write holds the stamp; the
+// agent gives up when the grace period is over, counts the stamp dropped and returns.
+func TestShutdownGraceOver(t *testing.T) {
+	uid := types.UID("ffffffff-ffff-4fff-8fff-ffffffffffff")
+	p := newPod("stuck", uid, corev1.RestartPolicyNever, "main")
+	e := newTestEnv(t, func(c *Config) { c.ShutdownGrace = 3 * time.Second }, p)
+	for range 100 {
+		e.patcher.errs = append(e.patcher.errs, apierrors.NewServiceUnavailable("etcd is down"))
+	}
+	id := containerID(22)
+	e.kernel <- oomKill(p, id, 0)
+	e.until("the kernel kill read", func() bool {
+		e.a.mu.Lock()
+		defer e.a.mu.Unlock()
+		return len(e.a.kernel.kills) == 1
+	})
+	e.src.Send(exited(p, "main", id, 137, "OOMKilled"))
+	e.until("the stamp queued", func() bool { return e.a.stamper.Pending(uid) > 0 })
+
+	took := e.shutdown()
+	if took < 3*time.Second || took > 4*time.Second {
+		t.Errorf("the drain took %v, want the grace period (3s)", took)
+	}
+	if conditions.IsTrue(&e.pod("stuck").Status, conditions.OOMKilled) {
+		t.Error("stamped although every write failed")
+	}
+	if v := metrics.Value(e.m.DroppedEvents); v != 1 {
+		t.Errorf("dropped = %v, want 1 (reason Shutdown)", v)
+	}
+	if e.patcher.count() < 2 {
+		t.Errorf("%d writes, want the stamper to keep retrying during the drain", e.patcher.count())
 	}
 }

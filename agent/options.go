@@ -28,6 +28,7 @@ type Options struct {
 	PhaseGrace          time.Duration
 	ExitHistorySize     int
 	StampBatchPeriod    time.Duration
+	ShutdownGrace       time.Duration
 	Fencing             bool
 	FenceAfter          time.Duration
 	LeaseNamespace      string
@@ -53,12 +54,13 @@ func NewOptions() *Options {
 		PhaseGrace:          5 * time.Second,
 		ExitHistorySize:     10,
 		StampBatchPeriod:    100 * time.Millisecond,
+		ShutdownGrace:       DefaultShutdownGrace,
 		Fencing:             false,
 		FenceAfter:          2 * time.Minute,
 		LeaseNamespace:      ns,
 		MetricsAddress:      ":8090",
-		QPS:                 5,
-		Burst:               10,
+		QPS:                 50,
+		Burst:               100,
 	}
 }
 
@@ -76,11 +78,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.PhaseGrace, "phase-grace", o.PhaseGrace, "How long a deleted pod whose containers all exited may keep phase Running before the agent sets a terminal phase (the kubelet's chance to do it first).")
 	fs.IntVar(&o.ExitHistorySize, "exit-history-size", o.ExitHistorySize, "How many container exits to keep in the coroner.dev/exit-history annotation of restarting pods.")
 	fs.DurationVar(&o.StampBatchPeriod, "stamp-batch-period", o.StampBatchPeriod, "How long a pod's first pending stamp waits for others of the same pod: at most one write per pod per period.")
+	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace-period", o.ShutdownGrace, "On SIGTERM (a rollout, a node drain): how long the agent may go on classifying the exits it has seen and writing their pending stamps before it exits; keep it under the pod's terminationGracePeriodSeconds. 0: exit at once.")
 	fs.BoolVar(&o.Fencing, "fencing", o.Fencing, "Fence the node (requirement A6): renew the Lease coroner-agent-<node> in --lease-namespace every --fence-after/4, and when no renewal has succeeded for --fence-after, stop the containers of the node's opted-in pods (coroner.dev/safe-to-forcefully-delete) until one does. Off: no Lease, nothing is ever stopped.")
 	fs.DurationVar(&o.FenceAfter, "fence-after", o.FenceAfter, "With --fencing: how long without a Lease renewal (the API server lost) before the agent fences the node; at least 10s.")
 	fs.StringVar(&o.LeaseNamespace, "lease-namespace", o.LeaseNamespace, "With --fencing: namespace of the agent's Lease (default $POD_NAMESPACE, else coroner-system).")
 	fs.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "host:port that serves /metrics and /healthz; \"0\" turns it off.")
-	fs.Float32Var(&o.QPS, "kube-api-qps", o.QPS, "Steady queries per second to the API server.")
+	fs.Float32Var(&o.QPS, "kube-api-qps", o.QPS, "Steady queries per second to the API server (the pod writes and their Events); the kubelet's own default, since the agent writes about the same deaths the kubelet reports. At 5, a storm of 700 exits a minute left stamps 14s behind (make bench-agent-storm).")
 	fs.IntVar(&o.Burst, "kube-api-burst", o.Burst, "Burst of queries to the API server; at least --kube-api-qps.")
 }
 
@@ -131,6 +134,9 @@ func (o *Options) Validate() error {
 	}
 	if o.StampBatchPeriod < 10*time.Millisecond || o.StampBatchPeriod > 10*time.Second {
 		errs = append(errs, fmt.Errorf("--stamp-batch-period=%v: must be between 10ms and 10s", o.StampBatchPeriod))
+	}
+	if o.ShutdownGrace < 0 || o.ShutdownGrace > 5*time.Minute {
+		errs = append(errs, fmt.Errorf("--shutdown-grace-period=%v: must be between 0 and 5m", o.ShutdownGrace))
 	}
 	if o.PhaseGrace < 0 {
 		errs = append(errs, fmt.Errorf("--phase-grace=%v: must not be negative", o.PhaseGrace))

@@ -35,6 +35,8 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 		{name: "cgroup reading and kernel log off", args: []string{"--node-name=n", "--cgroup-root=", "--kmsg-path="}, wantNodeName: "n"},
 		{name: "relative kmsg path", args: []string{"--node-name=n", "--kmsg-path=kmsg"}, wantErr: []string{"--kmsg-path"}},
 		{name: "batch period too short", args: []string{"--node-name=n", "--stamp-batch-period=1ms"}, wantErr: []string{"--stamp-batch-period"}},
+		{name: "negative shutdown grace", args: []string{"--node-name=n", "--shutdown-grace-period=-1s"}, wantErr: []string{"--shutdown-grace-period"}},
+		{name: "no shutdown grace", args: []string{"--node-name=n", "--shutdown-grace-period=0"}, wantNodeName: "n"},
 		{name: "runtime discovery by default", args: []string{"--node-name=n"}, wantNodeName: "n", wantEndpoint: ptr("auto")},
 		{name: "runtime discovery when empty", args: []string{"--node-name=n", "--runtime-endpoint="}, wantNodeName: "n", wantEndpoint: ptr("")},
 		{name: "runtime discovery under a host prefix", args: []string{"--node-name=n", "--runtime-endpoint=auto", "--runtime-host-prefix=/host"}, wantNodeName: "n", wantEndpoint: ptr("auto")},

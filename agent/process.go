@@ -28,6 +28,8 @@ func (a *Agent) processNext(ctx context.Context) bool {
 	if shutdown {
 		return false
 	}
+	a.busy.Add(1)
+	defer a.busy.Add(-1)
 	defer a.queue.Done(it)
 	switch it.kind {
 	case itemPod:
@@ -66,7 +68,7 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 	}
 
 	now := a.clock.Now()
-	if a.waitKernelBacklog(now) {
+	if !a.draining.Load() && a.waitKernelBacklog(now) {
 		// The kernel log's backlog is being read: it may hold this container's kill,
 		// logged before the agent started.
 		a.queue.AddAfter(it, 50*time.Millisecond)
@@ -77,7 +79,7 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 	waited := c.kernelWaited[it.kind]
 	a.mu.Unlock()
 	v := classify.ClassifyOOM(facts)
-	if v.Kind != classify.NotOOM && a.cfg.Kernel != nil && !waited && !kernelSeen(facts) {
+	if v.Kind != classify.NotOOM && a.cfg.Kernel != nil && !waited && !kernelSeen(facts) && !a.draining.Load() {
 		// The kernel's report is the best evidence; its reader may be a moment behind.
 		a.mu.Lock()
 		c.kernelWaited[it.kind] = true

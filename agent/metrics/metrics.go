@@ -42,6 +42,9 @@ const (
 	// DroppedNotInCache: the pod exists on this node but did not reach the agent's cache
 	// in time (the watch is far behind).
 	DroppedNotInCache = "NotInCache"
+	// DroppedShutdown: the agent stopped (SIGTERM) before the stamp was written, its
+	// shutdown grace period over (the API server slow or down).
+	DroppedShutdown = "Shutdown"
 )
 
 // Metrics are the agent's metrics. The zero value is not usable: call New. Methods on a
@@ -92,8 +95,8 @@ type Metrics struct {
 	ContainerExits *prometheus.CounterVec
 
 	// DroppedEvents (coroner_agent_dropped_events_total) counts container exits and OOM
-	// kills left alone because of their pod. Label: reason (PodGone, OtherNode,
-	// NotInCache).
+	// kills left alone because of their pod, and stamps an agent stopping could not write
+	// in its grace period. Label: reason (PodGone, OtherNode, NotInCache, Shutdown).
 	DroppedEvents *prometheus.CounterVec
 
 	// WriteErrors (coroner_agent_pod_write_errors_total) counts failed pod writes; each

@@ -220,6 +220,32 @@ func (s *Stamper) Pending(uid types.UID) int {
 	return 0
 }
 
+// Idle reports whether nothing is pending or being written.
+func (s *Stamper) Idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, q := range s.pods {
+		if q.inFlight || len(q.pending) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Unwritten returns the pods with stamps pending or being written, and how many stamps
+// they wait for in all (a shutdown's log).
+func (s *Stamper) Unwritten() (pods []PodRef, stamps int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, q := range s.pods {
+		if q.inFlight || len(q.pending) > 0 {
+			pods = append(pods, q.ref)
+			stamps += len(q.pending)
+		}
+	}
+	return pods, stamps
+}
+
 func (s *Stamper) poke() {
 	select {
 	case s.wake <- struct{}{}:
