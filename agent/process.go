@@ -117,7 +117,7 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 			StartedAt: x.StartedAt, FinishedAt: x.FinishedAt, RestartCount: int32(x.Attempt)}
 		at := nonZero(x.FinishedAt, x.ObservedAt)
 		for _, s := range classify.StampsForExit(pod, v, e, now, classify.ExitOptions{History: a.history}) {
-			r := stamper.Request{Pod: ref, Stamp: s, EventTime: at}
+			r := stamper.Request{Pod: ref, Stamp: s, EventTime: at, ObservedTime: x.ObservedAt}
 			if s.Kind == classify.KindExitHistory {
 				r.History = &exithistory.Entry{Container: e.Container, ExitCode: e.ExitCode, Reason: e.Reason,
 					FinishedAt: e.FinishedAt, RestartCount: e.RestartCount, OOM: oomField(v.Kind)}
@@ -153,9 +153,16 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 		if v.Kind == classify.LimitOOM {
 			e := classify.Exit{Container: ev.ContainerName, ContainerID: ev.ContainerID, StartedAt: ev.StartedAt,
 				FinishedAt: last, RestartCount: int32(ev.Attempt)}
+			// When the runtime watcher had the first OOM event is known only when it is
+			// the container's last event, read above (an event after it, the exit
+			// usually, replaces its time): else zero, and no stage latencies.
+			var observed time.Time
+			if ev.Kind == cri.OOM && ev.OOMAt.Equal(first) {
+				observed = ev.ObservedAt
+			}
 			for _, s := range classify.StampsForExit(pod, v, e, now, classify.ExitOptions{History: a.history}) {
 				if s.Kind == classify.KindLimitOOM {
-					reqs = append(reqs, stamper.Request{Pod: ref, Stamp: s, EventTime: first})
+					reqs = append(reqs, stamper.Request{Pod: ref, Stamp: s, EventTime: first, ObservedTime: observed})
 				}
 			}
 		}

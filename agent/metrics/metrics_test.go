@@ -27,6 +27,8 @@ func TestNames(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
 	m.Stamped("LimitOOM", "MemoryLimitExceeded", 0.2)
+	m.Observed("LimitOOM", 0.05)
+	m.Written("LimitOOM", 0.15)
 	m.Exit("")
 	m.Dropped(DroppedOtherNode)
 	want := []string{
@@ -36,10 +38,12 @@ func TestNames(t *testing.T) {
 		"coroner_agent_fence_stopped_containers_total",
 		"coroner_agent_fenced",
 		"coroner_agent_ignored_containers_total",
+		"coroner_agent_observe_latency_seconds",
 		"coroner_agent_pod_write_errors_total",
 		"coroner_agent_runtime_connected",
 		"coroner_agent_stamps_total",
 		"coroner_agent_unknown_oom_total",
+		"coroner_agent_write_latency_seconds",
 	}
 	if diff := cmp.Diff(want, names(t, reg)); diff != "" {
 		t.Errorf("metric names (-want +got):\n%s", diff)
@@ -55,6 +59,9 @@ func TestRecording(t *testing.T) {
 	m := New(prometheus.NewRegistry())
 	m.Stamped("LimitOOM", "MemoryLimitExceeded", 0.2)
 	m.Stamped("LimitOOM", "MemoryLimitExceeded", -1) // clock skew: recorded as 0
+	m.Observed("ExitHistory", 0.01)
+	m.Written("ExitHistory", 0.12)
+	m.Written("LimitOOM", 0.3)
 	m.Exit("")
 	m.Exit("NodeOOM")
 	m.Unknown()
@@ -74,6 +81,9 @@ func TestRecording(t *testing.T) {
 	}{
 		{"stamps", m.Stamps.WithLabelValues("LimitOOM", "MemoryLimitExceeded"), 2},
 		{"latency samples", m.DetectionLatency, 2},
+		{"observe samples", m.ObserveLatency, 1},
+		{"write samples", m.WriteLatency, 2},
+		{"ExitHistory write samples", m.WriteLatency.WithLabelValues("ExitHistory").(prometheus.Histogram), 1},
 		{"NotOOM exits", m.ContainerExits.WithLabelValues(VerdictNotOOM), 1},
 		{"all exits", m.ContainerExits, 2},
 		{"unknown", m.UnknownOOM, 1},
@@ -89,8 +99,22 @@ func TestRecording(t *testing.T) {
 	}
 	var nilM *Metrics
 	nilM.Stamped("x", "y", 1) // a nil *Metrics records nothing and does not panic
+	nilM.Observed("x", 1)
+	nilM.Written("x", 1)
 	nilM.Exit("")
 	nilM.SetRuntimeConnected(true)
 	nilM.SetFenced(true)
 	nilM.FenceStopped()
+}
+
+// TestLatencyBuckets: ascending, from 5 ms, with a bound at P2's 200 ms goal, up to the
+// terminal phase's tens of seconds.
+func TestLatencyBuckets(t *testing.T) {
+	b := LatencyBuckets
+	if !sort.Float64sAreSorted(b) || b[0] != 0.005 || b[len(b)-1] < 60 {
+		t.Errorf("LatencyBuckets = %v: want ascending from 0.005 to at least 60", b)
+	}
+	if i := sort.SearchFloat64s(b, 0.2); i == len(b) || b[i] != 0.2 {
+		t.Errorf("LatencyBuckets = %v: no bound at 0.2", b)
+	}
 }

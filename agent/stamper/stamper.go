@@ -27,7 +27,9 @@
 //
 // For each stamp written (a write that changed the pod), the stamper records the stamp
 // metric and the latency from the request's EventTime (the runtime's time of the exit or
-// OOM kill) to the successful patch, logs, and emits a Stamped Event on the pod.
+// OOM kill) to the successful patch, split at the request's ObservedTime (when the
+// agent's runtime watcher had the event) into the observe and the write stage when that
+// is known, logs, and emits a Stamped Event on the pod.
 package stamper
 
 import (
@@ -76,6 +78,11 @@ type Request struct {
 	// EventTime is the runtime's time of what the stamp is about (finishedAt, OOM event
 	// time), the start of the detection latency. Zero: not recorded.
 	EventTime time.Time
+	// ObservedTime is when the agent's runtime watcher had the event (cri.ContainerEvent's
+	// ObservedAt), by the agent's clock: it splits the detection latency into the observe
+	// stage (EventTime to ObservedTime) and the write stage (ObservedTime to the patch).
+	// Zero: not recorded, neither stage is.
+	ObservedTime time.Time
 }
 
 // Config configures a Stamper. Patcher and Lookup are required.
@@ -610,7 +617,14 @@ func (s *Stamper) stamped(logger klog.Logger, pod *corev1.Pod, r Request, at tim
 	} else if s.cfg.Metrics != nil {
 		s.cfg.Metrics.Stamps.WithLabelValues(string(st.Kind), st.Reason).Inc()
 	}
-	logger.Info("Stamped pod", "kind", st.Kind, "reason", st.Reason, "latency", latency, "message", st.Message)
+	observed, observedOK, written, writtenOK := stages(r, at)
+	if observedOK {
+		s.cfg.Metrics.Observed(string(st.Kind), observed.Seconds())
+	}
+	if writtenOK {
+		s.cfg.Metrics.Written(string(st.Kind), written.Seconds())
+	}
+	logger.Info("Stamped pod", "kind", st.Kind, "reason", st.Reason, "latency", latency, "observed", observed, "written", written, "message", st.Message)
 	if s.cfg.Recorder == nil || st.Kind == classify.KindExitHistory {
 		return
 	}
@@ -623,4 +637,25 @@ func (s *Stamper) stamped(logger klog.Logger, pod *corev1.Pod, r Request, at tim
 		eventType = corev1.EventTypeNormal
 	}
 	s.cfg.Recorder.Event(pod, eventType, conditions.EventReasonStamped, msg)
+}
+
+// stages splits a written stamp's detection latency at its ObservedTime: observed is
+// EventTime to ObservedTime, written ObservedTime to at (the patch). A stage is not
+// known (zero, false) when one of its times is zero or it is negative (clock skew
+// between the runtime and the agent).
+func stages(r Request, at time.Time) (observed time.Duration, observedOK bool, written time.Duration, writtenOK bool) {
+	if r.ObservedTime.IsZero() {
+		return 0, false, 0, false
+	}
+	if !r.EventTime.IsZero() {
+		if d := r.ObservedTime.Sub(r.EventTime); d >= 0 {
+			observed, observedOK = d, true
+		}
+	}
+	if !at.IsZero() {
+		if d := at.Sub(r.ObservedTime); d >= 0 {
+			written, writtenOK = d, true
+		}
+	}
+	return observed, observedOK, written, writtenOK
 }

@@ -206,22 +206,100 @@ func TestBatchOneWritePerPod(t *testing.T) {
 
 func hasLatency(t *testing.T, reg *prometheus.Registry, kind string, want float64) bool {
 	t.Helper()
+	n, sum := histogramOf(t, reg, "coroner_agent_detection_latency_seconds", kind)
+	return n == 1 && sum > want-0.001 && sum < want+0.001
+}
+
+// histogramOf returns the sample count and sum of the series of kind of the histogram
+// name; 0, 0 when it has none.
+func histogramOf(t *testing.T, reg *prometheus.Registry, name, kind string) (uint64, float64) {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "coroner_agent_detection_latency_seconds" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			if m.GetLabel()[0].GetValue() == kind {
 				h := m.GetHistogram()
-				return h.GetSampleCount() == 1 && h.GetSampleSum() > want-0.001 && h.GetSampleSum() < want+0.001
+				return h.GetSampleCount(), h.GetSampleSum()
 			}
 		}
 	}
-	return false
+	return 0, 0
+}
+
+// TestStageLatencies: a request with its observation time records the observe and the
+// write stage beside the detection latency; one without records the detection latency
+// only.
+func TestStageLatencies(t *testing.T) {
+	e := newEnv(t, testPod())
+	e.s.Add(
+		// Finished 300 ms before t0, in the agent's runtime watcher 200 ms before t0.
+		Request{Pod: ref, Stamp: limitOOM("main"), EventTime: t0.Add(-300 * time.Millisecond), ObservedTime: t0.Add(-200 * time.Millisecond)},
+		// A pod-level decision: no observation time.
+		Request{Pod: ref, Stamp: phase(corev1.PodFailed), EventTime: t0.Add(-time.Second)},
+	)
+	e.step(DefaultBatchPeriod) // both written at t0 + 100 ms, in one patch
+	e.waitPatches(1)
+	for _, tc := range []struct {
+		name      string
+		metric    string
+		kind      string
+		wantCount uint64
+		wantSum   float64
+	}{
+		{"detection, observed", "coroner_agent_detection_latency_seconds", "LimitOOM", 1, 0.4},
+		{"observe stage", "coroner_agent_observe_latency_seconds", "LimitOOM", 1, 0.1},
+		{"write stage", "coroner_agent_write_latency_seconds", "LimitOOM", 1, 0.3},
+		{"detection, not observed", "coroner_agent_detection_latency_seconds", "TerminalPhase", 1, 1.1},
+		{"no observe stage without an observation time", "coroner_agent_observe_latency_seconds", "TerminalPhase", 0, 0},
+		{"no write stage without an observation time", "coroner_agent_write_latency_seconds", "TerminalPhase", 0, 0},
+	} {
+		n, sum := histogramOf(t, e.reg, tc.metric, tc.kind)
+		if n != tc.wantCount || sum < tc.wantSum-0.0001 || sum > tc.wantSum+0.0001 {
+			t.Errorf("%s: %s{kind=%s}: %d samples summing %vs, want %d summing %vs", tc.name, tc.metric, tc.kind, n, sum, tc.wantCount, tc.wantSum)
+		}
+	}
+	if o, w := metrics.Value(e.m.ObserveLatency), metrics.Value(e.m.WriteLatency); o != 1 || w != 1 {
+		t.Errorf("%v observe and %v write samples in all, want 1 and 1", o, w)
+	}
+}
+
+func TestStages(t *testing.T) {
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	cases := []struct {
+		name            string
+		event, observed time.Time
+		at              time.Time
+		wantObserved    time.Duration
+		wantObservedOK  bool
+		wantWritten     time.Duration
+		wantWrittenOK   bool
+	}{
+		{name: "both stages", event: ms(0), observed: ms(30), at: ms(250),
+			wantObserved: 30 * time.Millisecond, wantObservedOK: true, wantWritten: 220 * time.Millisecond, wantWrittenOK: true},
+		{name: "no observation time: neither", event: ms(0), at: ms(250)},
+		{name: "no event time: the write stage only", observed: ms(30), at: ms(250),
+			wantWritten: 220 * time.Millisecond, wantWrittenOK: true},
+		{name: "observed before the event (clock skew): the write stage only", event: ms(40), observed: ms(30), at: ms(250),
+			wantWritten: 220 * time.Millisecond, wantWrittenOK: true},
+		{name: "written before it was observed: the observe stage only", event: ms(0), observed: ms(300), at: ms(250),
+			wantObserved: 300 * time.Millisecond, wantObservedOK: true},
+		{name: "observed at the event: zero, known", event: ms(0), observed: ms(0), at: ms(100),
+			wantObservedOK: true, wantWritten: 100 * time.Millisecond, wantWrittenOK: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o, ook, w, wok := stages(Request{EventTime: tc.event, ObservedTime: tc.observed}, tc.at)
+			if o != tc.wantObserved || ook != tc.wantObservedOK || w != tc.wantWritten || wok != tc.wantWrittenOK {
+				t.Errorf("stages = %v %v, %v %v; want %v %v, %v %v", o, ook, w, wok, tc.wantObserved, tc.wantObservedOK, tc.wantWritten, tc.wantWrittenOK)
+			}
+		})
+	}
 }
 
 func TestBatchesAreSeparatedByThePeriod(t *testing.T) {

@@ -51,6 +51,9 @@ type sample struct {
 	// AgentCounters are the agent's counters of trouble (write errors, dropped
 	// events, stream overflows), summed by name.
 	AgentCounters map[string]float64 `json:"agentCounters,omitempty"`
+	// agentHist are the agent's latency histograms (stageMetrics), for the stage
+	// breakdown (stages.go); nil when its metrics could not be read.
+	agentHist map[histKey]histogram
 }
 
 // costReader reads one node's processes.
@@ -90,6 +93,7 @@ func (r *costReader) take(ctx context.Context) sample {
 		text, s.Agent = r.scrape(ctx, r.agentPath)
 		if text != nil {
 			s.AgentCounters = agentCounters(text)
+			s.agentHist = parseHistograms(text, stageMetrics...)
 			if r.mode == "" {
 				r.mode = runtimeInfo(text)
 			}

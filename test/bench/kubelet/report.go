@@ -62,7 +62,12 @@ type nodeReport struct {
 	CreateErrors       int           `json:"createErrors"`
 	Cost               []procCost    `json:"cost"`
 	AgentCounters      countersDelta `json:"agentCountersDuringStorm,omitempty"`
-	Samples            []sample      `json:"samples"`
+	// Stages: where the time from finishedAt to the stamp seen through a watch goes,
+	// from the agent's latency histograms over the storm and the bench's own latencies
+	// (stages.go); StagesNote what could not be had.
+	Stages     []stageReport `json:"stages,omitempty"`
+	StagesNote string        `json:"stagesNote,omitempty"`
+	Samples    []sample      `json:"samples"`
 }
 
 type countersDelta map[string]float64
@@ -158,6 +163,7 @@ func buildReport(o options, nodes []*node, hostIdle, hostStorm hostUse, began ti
 					nr.AgentCounters[k] = d
 				}
 			}
+			nr.Stages, nr.StagesNote = stagesOf(n.samples[1], n.samples[len(n.samples)-1], nr.Exits, nr.OOMs)
 		}
 		r.Nodes = append(r.Nodes, nr)
 	}
@@ -328,6 +334,14 @@ func (r *report) print(out io.Writer) {
 		if len(n.AgentCounters) > 0 {
 			fmt.Fprintf(out, "  agent counters during the storm: %v\n", map[string]float64(n.AgentCounters))
 		}
+	}
+
+	fmt.Fprintf(out, "\nWhere the time goes, ms, over the storm: the agent's stages from its own histograms (p50 and p99 estimated from\n"+
+		"the buckets by linear interpolation within the bucket; every stamp of the kind the node's agent wrote meanwhile, the\n"+
+		"bench's pods or not), then the bench's own measurement (nearest rank); the watch's delivery (~) is the difference of\n"+
+		"those two rows' percentiles, not a percentile of its own\n")
+	for _, n := range r.Nodes {
+		printStages(out, n)
 	}
 
 	fmt.Fprintf(out, "\nCost: resident memory (MiB) and CPU (%% of one core), idle (%s) and during the storm\n", r.Options.Idle)
