@@ -10,7 +10,7 @@ PKGS_UNIT := ./cmd/... ./conditions/... ./shim/... ./agent/... ./cri/...
 PKGS_INTEGRATION := ./test/...
 MAINS    := coroner-shim coroner-agent coronerctl
 
-.PHONY: all deps build tools deploy-tools helm-test lint test test-unit test-integration fuzz bench bench-agent bench-agent-storm bench-shim bench-nodeloss lab lab-down lab-redeploy lab-status test-lab e2e chaos-test e2e-kind kind-image kind-lab kind-down clean help FORCE
+.PHONY: all deps build tools deploy-tools helm-test lint test test-unit test-integration fuzz bench bench-agent bench-agent-storm bench-shim bench-nodeloss bench-on-lab lab lab-down lab-redeploy lab-status test-lab e2e chaos-test e2e-kind kind-image kind-lab kind-down clean help FORCE
 
 all: build lint test
 
@@ -54,7 +54,17 @@ helm-test: tools deploy-tools ## the Helm chart vs kustomize, helm install into 
 	CORONER_REQUIRE_DEPLOY_TOOLS=1 $(REQUIRE) $(GOTEST) -v ./test/deploy/
 
 # Benchmarks are programs that print ratios measured side by side in one run.
-bench: bench-shim bench-agent bench-agent-storm bench-nodeloss ## every benchmark: P1 shim vs built-in, P2 agent (latency, then bounded under a storm), P3 node loss (root, ~14 min)
+bench: bench-shim bench-agent bench-agent-storm bench-on-lab ## every benchmark: P1 shim vs built-in, the agent (latency, then bounded under a storm), P3 node loss and P2 against the kubelet on one lab (root)
+
+bench-on-lab: deps build $(LAB) ## P3 then P2 on one lab: the lab that is up, or one brought up (no demo) and down again (root)
+	$(ROOT_CHECK)
+	@if $(LAB) status >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory bench-nodeloss bench-p2; \
+	else \
+		$(LAB) up --skip-demo || exit 1; \
+		rc=0; $(MAKE) --no-print-directory bench-nodeloss bench-p2 || rc=$$?; \
+		$(LAB) down; exit $$rc; \
+	fi
 
 bench-shim: tools ## P1: coroner-shim vs the built-in Job controller side by side: presets small, failfast, failjob-500, indexed-10k (BENCH_SHIM_PRESET; ~10 min for all)
 	$(GO) run ./test/bench/shim -preset $(or $(BENCH_SHIM_PRESET),all) $(BENCH_ARGS)
