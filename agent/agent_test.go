@@ -580,15 +580,14 @@ func TestRuntimeConnectedMetric(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// TestOOMWithoutKernelReport: an OOM kill whose kernel report never comes is classified
-// from the cgroup counters after KernelWait: peak usage at the limit is the pod's own.
-func TestOOMWithoutKernelReport(t *testing.T) {
-	uid := types.UID("cccccccc-cccc-4ccc-8ccc-cccccccccccc")
-	p := newPod("quiet", uid, corev1.RestartPolicyNever, "main")
-	e := newTestEnv(t, nil, p)
-	id := containerID(12)
-	cg := podCgroup(uid) + "/" + id
-	e.writeCgroup(podCgroup(uid), 0, 0, 0, 0)
+// oomWithoutKernelReport makes a limit OOM kill in the container id of p's container
+// "main" that its cgroup counters show (usage peaked at the 20 MiB limit) and no kernel
+// report names: the container starts, the counters move, containerd's OOM event comes,
+// and it returns once the agent waits for the kernel's report (KernelWait).
+func (e *testEnv) oomWithoutKernelReport(p *corev1.Pod, id string) {
+	e.t.Helper()
+	cg := podCgroup(p.UID) + "/" + id
+	e.writeCgroup(podCgroup(p.UID), 0, 0, 0, 0)
 	e.writeCgroup(cg, 0, 0, 20<<20, 1<<20, 99)
 	e.src.Send(event(cri.Started, p, "main", id))
 	e.until("the start reading", func() bool {
@@ -598,7 +597,7 @@ func TestOOMWithoutKernelReport(t *testing.T) {
 		return c != nil && c.podAtStart != nil
 	})
 	e.writeCgroup(cg, 1, 12, 20<<20, 20<<20, 99)
-	e.writeCgroup(podCgroup(uid), 1, 12, 0, 20<<20)
+	e.writeCgroup(podCgroup(p.UID), 1, 12, 0, 20<<20)
 	oom := event(cri.OOM, p, "main", id)
 	oom.OOMAt = t0
 	e.src.Send(oom)
@@ -608,6 +607,15 @@ func TestOOMWithoutKernelReport(t *testing.T) {
 		c := e.a.containers[id]
 		return c != nil && c.kernelWaited[itemOOM]
 	})
+}
+
+// TestOOMWithoutKernelReport: an OOM kill whose kernel report never comes is classified
+// from the cgroup counters after KernelWait: peak usage at the limit is the pod's own.
+func TestOOMWithoutKernelReport(t *testing.T) {
+	uid := types.UID("cccccccc-cccc-4ccc-8ccc-cccccccccccc")
+	p := newPod("quiet", uid, corev1.RestartPolicyNever, "main")
+	e := newTestEnv(t, nil, p)
+	e.oomWithoutKernelReport(p, containerID(12))
 	e.settle()
 	if n := e.a.stamper.Pending(uid); n != 0 {
 		t.Fatalf("%d stamps pending before KernelWait is over", n)
@@ -706,28 +714,7 @@ func TestShutdownWritesWhatItKnows(t *testing.T) {
 	e.src.Send(exited(hog, "main", hogID, 137, "OOMKilled"))
 	e.until("the hog's stamp queued", func() bool { return e.a.stamper.Pending(hogUID) > 0 })
 
-	quietID := containerID(21)
-	cg := podCgroup(quietUID) + "/" + quietID
-	e.writeCgroup(podCgroup(quietUID), 0, 0, 0, 0)
-	e.writeCgroup(cg, 0, 0, 20<<20, 1<<20, 99)
-	e.src.Send(event(cri.Started, quiet, "main", quietID))
-	e.until("the start reading", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		c := e.a.containers[quietID]
-		return c != nil && c.podAtStart != nil
-	})
-	e.writeCgroup(cg, 1, 12, 20<<20, 20<<20, 99)
-	e.writeCgroup(podCgroup(quietUID), 1, 12, 0, 20<<20)
-	oom := event(cri.OOM, quiet, "main", quietID)
-	oom.OOMAt = t0
-	e.src.Send(oom)
-	e.until("waiting for the kernel", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		c := e.a.containers[quietID]
-		return c != nil && c.kernelWaited[itemOOM]
-	})
+	e.oomWithoutKernelReport(quiet, containerID(21))
 	if conditions.IsTrue(&e.pod("hog").Status, conditions.OOMKilled) {
 		t.Fatal("stamped before its batch period: the test shows nothing")
 	}

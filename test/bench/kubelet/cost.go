@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -137,29 +136,11 @@ func (r *costReader) scrape(ctx context.Context, path string) ([]byte, usage) {
 // text exposition (labels ignored).
 func promValues(text []byte, names ...string) map[string]float64 {
 	out := map[string]float64{}
-	sc := bufio.NewScanner(bytes.NewReader(text))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
+	forEachSample(text, func(name string, _ map[string]string, value float64) {
+		if slices.Contains(names, name) {
+			out[name] += value
 		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		name := line[:i]
-		if j := strings.IndexByte(name, '{'); j >= 0 {
-			name = name[:j]
-		}
-		for _, n := range names {
-			if name == n {
-				if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-					out[n] += v
-				}
-			}
-		}
-	}
+	})
 	return out
 }
 

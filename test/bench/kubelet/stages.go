@@ -75,17 +75,7 @@ func parseHistograms(text []byte, names ...string) map[histKey]histogram {
 		}
 		return a
 	}
-	sc := bufio.NewScanner(bytes.NewReader(text))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name, labels, value, ok := parseSample(line)
-		if !ok {
-			continue
-		}
+	forEachSample(text, func(name string, labels map[string]string, value float64) {
 		for _, n := range names {
 			switch name {
 			case n + "_bucket":
@@ -98,7 +88,7 @@ func parseHistograms(text []byte, names ...string) map[histKey]histogram {
 				get(histKey{n, labels["kind"]}).sum += value
 			}
 		}
-	}
+	})
 	out := map[histKey]histogram{}
 	for k, a := range accs {
 		h := histogram{sum: a.sum}
@@ -112,6 +102,22 @@ func parseHistograms(text []byte, names ...string) map[histKey]histogram {
 		out[k] = h
 	}
 	return out
+}
+
+// forEachSample calls f with every sample of a Prometheus text exposition; comments and
+// lines it cannot parse are skipped.
+func forEachSample(text []byte, f func(name string, labels map[string]string, value float64)) {
+	sc := bufio.NewScanner(bytes.NewReader(text))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if name, labels, value, ok := parseSample(line); ok {
+			f(name, labels, value)
+		}
+	}
 }
 
 // parseSample splits a sample line of a text exposition: name{labels} value [timestamp].
