@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -227,8 +228,9 @@ func badInput(ctx context.Context, e *env, o options) result {
 	}
 	var silent []string
 	for _, v := range values {
-		evs := e.events(ctx, ns, v.key)
-		lines := grepLogs(logs, v.key)
+		// Each value named, not only the key: four garbage values, four mentions.
+		evs := e.events(ctx, ns, v.key, strconv.Quote(v.value))
+		lines := grepLogs(logs, v.key, v.value)
 		if len(evs) == 0 && len(lines) == 0 {
 			silent = append(silent, fmt.Sprintf("%s=%q", v.key, v.value))
 		} else {
