@@ -144,7 +144,7 @@ func partition(ctx context.Context, e *env, o options) result {
 			}
 		}
 	}
-	r.Faults = fmt.Sprintf("%s cut off %.0fs (fencing on)", node, healedAt.Sub(t0).Seconds())
+	r.Faults = fmt.Sprintf("%s cut off %.0fs (fencing on: 1 Job opted in, 2 not)", node, healedAt.Sub(t0).Seconds())
 	r.Failover = fmt.Sprintf("fenced pod replaced %.0f after the cut", recoveredIn.Seconds())
 	r.note("recovered: %v; replacements started while cut off: %v", recoveries, early)
 	// The node's agent says it fenced.
