@@ -694,6 +694,24 @@ func TestStaticPodMirrorStamped(t *testing.T) {
 	}
 }
 
+// limitOOMExit: the kernel reports a limit OOM kill in p's container "main" (id), the
+// container exits OOMKilled, and it returns once the stamp waits in the stamper (its
+// batch period, which the frozen fake clock does not end).
+func (e *testEnv) limitOOMExit(p *corev1.Pod, id string) {
+	e.t.Helper()
+	e.a.mu.Lock()
+	read := len(e.a.kernel.kills)
+	e.a.mu.Unlock()
+	e.kernel <- oomKill(p, id, 0)
+	e.until("the kernel kill read", func() bool {
+		e.a.mu.Lock()
+		defer e.a.mu.Unlock()
+		return len(e.a.kernel.kills) == read+1
+	})
+	e.src.Send(exited(p, "main", id, 137, "OOMKilled"))
+	e.until("the stamp queued", func() bool { return e.a.stamper.Pending(p.UID) > 0 })
+}
+
 // TestShutdownWritesWhatItKnows: told to stop (SIGTERM, a rollout), the agent still
 // writes the stamp waiting for its batch and classifies the OOM kill that was waiting for
 // a kernel report (which can no longer come), then returns; nothing is dropped.
@@ -704,15 +722,7 @@ func TestShutdownWritesWhatItKnows(t *testing.T) {
 	quiet := newPod("quiet", quietUID, corev1.RestartPolicyNever, "main")
 	e := newTestEnv(t, nil, hog, quiet)
 
-	hogID := containerID(20)
-	e.kernel <- oomKill(hog, hogID, 0)
-	e.until("the kernel kill read", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		return len(e.a.kernel.kills) == 1
-	})
-	e.src.Send(exited(hog, "main", hogID, 137, "OOMKilled"))
-	e.until("the hog's stamp queued", func() bool { return e.a.stamper.Pending(hogUID) > 0 })
+	e.limitOOMExit(hog, containerID(20))
 
 	e.oomWithoutKernelReport(quiet, containerID(21))
 	if conditions.IsTrue(&e.pod("hog").Status, conditions.OOMKilled) {
@@ -742,15 +752,7 @@ func TestShutdownGraceOver(t *testing.T) {
 	for range 100 {
 		e.patcher.errs = append(e.patcher.errs, apierrors.NewServiceUnavailable("etcd is down"))
 	}
-	id := containerID(22)
-	e.kernel <- oomKill(p, id, 0)
-	e.until("the kernel kill read", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		return len(e.a.kernel.kills) == 1
-	})
-	e.src.Send(exited(p, "main", id, 137, "OOMKilled"))
-	e.until("the stamp queued", func() bool { return e.a.stamper.Pending(uid) > 0 })
+	e.limitOOMExit(p, containerID(22))
 
 	took := e.shutdown()
 	if took < 3*time.Second || took > 4*time.Second {
