@@ -48,7 +48,7 @@ const (
 	// KernelBacklogWait bounds the wait for the kernel log's backlog at the start (see
 	// Config.KernelCaughtUp).
 	KernelBacklogWait = 5 * time.Second
-	// DefaultShutdownGrace is Config.ShutdownGrace's default, under the DaemonSet's
+	// DefaultShutdownGrace is --shutdown-grace-period's default, under the DaemonSet's
 	// terminationGracePeriodSeconds (15).
 	DefaultShutdownGrace = 10 * time.Second
 )
@@ -114,7 +114,8 @@ type Config struct {
 	// ShutdownGrace bounds the drain when Run's context ends (SIGTERM: a rollout, a node
 	// drain): the agent stops following the runtime and the kernel, then classifies
 	// the events it already has and writes every stamp pending, for at most this long
-	// (see Agent.drain); default DefaultShutdownGrace; negative: no drain.
+	// (see Agent.drain); 0: no drain (coroner-agent's --shutdown-grace-period defaults
+	// to DefaultShutdownGrace).
 	ShutdownGrace time.Duration
 	// Clock is the agent's clock; default the real one.
 	Clock clock.WithTicker
@@ -207,9 +208,6 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.KernelWait <= 0 {
 		cfg.KernelWait = DefaultKernelWait
-	}
-	if cfg.ShutdownGrace == 0 {
-		cfg.ShutdownGrace = DefaultShutdownGrace
 	}
 	if cfg.PodCacheWait <= 0 {
 		cfg.PodCacheWait = DefaultPodCacheWait
@@ -387,16 +385,17 @@ const drainTick = 20 * time.Millisecond
 // context ends: the runtime's and the kernel's streams have stopped, the workers classify
 // the events already queued (an OOM kill no longer waits for a kernel report that cannot
 // come; items delayed earlier return within KernelWait) and the stamper writes every
-// pending stamp. A rolling update of the DaemonSet then loses nothing the old agent
+// pending stamp without waiting for its batch period (Stamper.Flush). A rolling update of the DaemonSet then loses nothing the old agent
 // saw: the new one's replay places exits from the runtime's statuses, but an OOM kill
 // whose kernel report has left the ring buffer can no longer be told a limit OOM from a
 // node OOM. What is left when the grace period is over is logged, pod by pod, and
 // counted as dropped (reason Shutdown).
 func (a *Agent) drain(logger klog.Logger) {
-	if a.cfg.ShutdownGrace < 0 {
+	if a.cfg.ShutdownGrace <= 0 {
 		return
 	}
 	a.draining.Store(true)
+	a.stamper.Flush()
 	start := a.clock.Now()
 	deadline := start.Add(a.cfg.ShutdownGrace)
 	settled := start.Add(a.cfg.KernelWait + drainTick)

@@ -720,7 +720,7 @@ func TestShutdownWritesWhatItKnows(t *testing.T) {
 	quietUID := types.UID("eeeeeeee-eeee-4eee-8eee-eeeeeeeeeeee")
 	hog := newPod("hog", hogUID, corev1.RestartPolicyNever, "main")
 	quiet := newPod("quiet", quietUID, corev1.RestartPolicyNever, "main")
-	e := newTestEnv(t, nil, hog, quiet)
+	e := newTestEnv(t, func(c *Config) { c.ShutdownGrace = DefaultShutdownGrace }, hog, quiet)
 
 	e.limitOOMExit(hog, containerID(20))
 

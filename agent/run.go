@@ -148,7 +148,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		PhaseGrace:      opts.PhaseGrace,
 		ExitHistorySize: opts.ExitHistorySize,
 		BatchPeriod:     opts.StampBatchPeriod,
-		ShutdownGrace:   shutdownGrace(opts.ShutdownGrace),
+		ShutdownGrace:   opts.ShutdownGrace,
 		Metrics:         m,
 		Fencing:         fencing,
 	})
@@ -173,15 +173,6 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		}()
 	}
 	return a.Run(ctx)
-}
-
-// shutdownGrace maps --shutdown-grace-period to Config.ShutdownGrace, where 0 is the
-// default and a negative value is none.
-func shutdownGrace(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
-	}
-	return d
 }
 
 // checkServer asks the API server for its version, within ServerCheckTimeout.

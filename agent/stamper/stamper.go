@@ -123,6 +123,8 @@ type Stamper struct {
 	wake chan struct{}
 	sem  chan struct{}
 	wg   sync.WaitGroup
+	// flushing: Flush was called; nothing waits for its batch period any more.
+	flushing bool
 }
 
 // podQueue is the state of one pod.
@@ -196,7 +198,10 @@ func (s *Stamper) Add(reqs ...Request) {
 			continue
 		}
 		if len(q.pending) == 0 {
-			q.due = now.Add(s.cfg.BatchPeriod)
+			q.due = now
+			if !s.flushing {
+				q.due = now.Add(s.cfg.BatchPeriod)
+			}
 		}
 		q.pending = append(q.pending, r)
 		added = true
@@ -225,6 +230,22 @@ func (s *Stamper) Pending(uid types.UID) int {
 		return len(q.pending)
 	}
 	return 0
+}
+
+// Flush ends batching for good: every pending stamp, and every one added later, is
+// written as soon as a worker is free (retries still back off). For a stopping agent,
+// which should not spend its grace period waiting for batches.
+func (s *Stamper) Flush() {
+	now := s.cfg.Clock.Now()
+	s.mu.Lock()
+	s.flushing = true
+	for _, q := range s.pods {
+		if q.due.After(now) {
+			q.due = now
+		}
+	}
+	s.mu.Unlock()
+	s.poke()
 }
 
 // Idle reports whether nothing is pending or being written.
