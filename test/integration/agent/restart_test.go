@@ -25,7 +25,7 @@ import (
 // startStoppableAgent is startAgent with a stop: stop cancels the agent's context and
 // waits for agent.Run to return, as a SIGTERM of the agent's container or a rollout does
 // (and, for what it has not written yet, a SIGKILL: the next agent starts from nothing).
-func startStoppableAgent(t *testing.T, api *harness.Env, node, endpoint string) (a *runningAgent, stop func()) {
+func startStoppableAgent(t *testing.T, api *harness.Env, node, endpoint string, tweaks ...func(*agent.Options)) (a *runningAgent, stop func()) {
 	t.Helper()
 	opts := agent.NewOptions()
 	opts.NodeName = node
@@ -33,6 +33,9 @@ func startStoppableAgent(t *testing.T, api *harness.Env, node, endpoint string) 
 	opts.PhaseGrace = phaseGrace
 	opts.MetricsAddress = freeAddr(t)
 	opts.QPS, opts.Burst = 50, 100
+	for _, tweak := range tweaks {
+		tweak(opts)
+	}
 	if err := opts.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -214,4 +217,36 @@ func testRestartRecovery(t *testing.T, env *containerd.Env) {
 	if n := a3.metric(t, "coroner_agent_stamps_total"); n != 0 {
 		t.Errorf("the third agent stamped %v times, want 0", n)
 	}
+}
+
+// TestShutdownDrains: an agent stopped (its context ended, as SIGTERM does) while a limit
+// OOM's stamp waits in its batch writes the stamp before Run returns. The batch period
+// is 10s (the longest allowed), so the stamp is still pending when the agent is told to
+// stop; without the drain it would be lost with the process.
+func TestShutdownDrains(t *testing.T) { containerdtest.Each(t, testShutdownDrains) }
+
+func testShutdownDrains(t *testing.T, env *containerd.Env) {
+	f := newFixture(t, env)
+	const batch = 10 * time.Second
+	a, stop := startStoppableAgent(t, f.api, nodeA, f.cri.Endpoint, func(o *agent.Options) { o.StampBatchPeriod = batch })
+	p := f.pod(nodeA, "hog", 20<<20, "/bin/memhog")
+	id := f.start(p)
+	f.waitExited(p, id)
+	waitFor(t, "the exit classified", func() bool {
+		return a.metric(t, "coroner_agent_container_exits_total") >= 1
+	})
+	if c := conditions.Find(&f.get(p).Status, conditions.OOMKilled); c != nil {
+		t.Fatalf("stamped before the stop (%+v): the batch period did not hold it; the test shows nothing", c)
+	}
+	began := time.Now()
+	stop()
+	took := time.Since(began)
+	c := conditions.Find(&f.get(p).Status, conditions.OOMKilled)
+	if c == nil || c.Status != corev1.ConditionTrue || c.Reason != conditions.ReasonMemoryLimitExceeded {
+		t.Fatalf("after the stop: OOMKilled %+v, want True MemoryLimitExceeded written by the drain", c)
+	}
+	if took >= batch {
+		t.Errorf("the stop took %v: the drain waited for the batch period", took)
+	}
+	t.Logf("stopped in %v with the stamp written", took)
 }
