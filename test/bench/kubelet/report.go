@@ -338,8 +338,8 @@ func (r *report) print(out io.Writer) {
 
 	fmt.Fprintf(out, "\nWhere the time goes, ms, over the storm: the agent's stages from its own histograms (p50 and p99 estimated from\n"+
 		"the buckets by linear interpolation within the bucket; every stamp of the kind the node's agent wrote meanwhile, the\n"+
-		"bench's pods or not), then the bench's own measurement (nearest rank); the watch's delivery (~) is the difference of\n"+
-		"those two rows' percentiles, not a percentile of its own\n")
+		"bench's pods or not), then the bench's own measurement (nearest rank); the watch's delivery is not measured apart:\n"+
+		"compare the last two rows of a kind (their percentiles come from different estimates, within a bucket's width)\n")
 	for _, n := range r.Nodes {
 		printStages(out, n)
 	}

@@ -235,7 +235,7 @@ type stageReport struct {
 // The stages, in order: the agent's two, its total, and the bench's.
 const (
 	stageObserve   = "finishedAt -> agent observed (runtime event + CRI status)"
-	stageWrite     = "observed -> patch done (queue, classification, 100 ms batch, API)"
+	stageWrite     = "observed -> patch done (queue, classification, batch period, API)"
 	stageDetection = "finishedAt -> patch done (agent's own)"
 	stageWatch     = "finishedAt -> stamp seen through a watch"
 )
@@ -303,22 +303,12 @@ func printStages(out io.Writer, n nodeReport) {
 	fmt.Fprintf(out, "%s (agent: %s):\n", n.Node, mode(n.AgentMode))
 	w := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "  pods\tstage\tp50\tp99\tn\tsource")
-	var detection *stageReport
-	for i, s := range n.Stages {
+	for _, s := range n.Stages {
 		p50, p99 := "-", "-"
 		if s.N > 0 {
 			p50, p99 = msText(s.P50), msText(s.P99)
 		}
 		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%d\t%s\n", s.Pods, s.Stage, p50, p99, s.N, s.Source)
-		switch s.Stage {
-		case stageDetection:
-			detection = &n.Stages[i]
-		case stageWatch:
-			if detection != nil && detection.Pods == s.Pods && detection.N > 0 && s.N > 0 {
-				fmt.Fprintf(w, "  %s\t%s\t~%s\t~%s\t\t%s\n", s.Pods, "patch done -> seen through a watch", msText(s.P50-detection.P50), msText(s.P99-detection.P99), "difference of the two rows above")
-			}
-			detection = nil
-		}
 	}
 	w.Flush()
 	if n.StagesNote != "" {
