@@ -13,6 +13,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/conditions"
@@ -271,6 +276,45 @@ func waitPod(ctx context.Context, t *testing.T, ns, name, what string, timeout t
 	return p
 }
 
+// watchPod is waitPod for states that may last less than a poll: it follows every
+// version of the pod through a watch, so a state the pod passes through on its way
+// (a condition written just before the pod is deleted) is seen. f gets nil once the pod
+// is deleted.
+func watchPod(ctx context.Context, t *testing.T, ns, name, what string, timeout time.Duration, f func(*corev1.Pod) bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	sel := fields.OneTermEqualSelector("metadata.name", name).String()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return suite.cs.CoreV1().Pods(ns).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return suite.cs.CoreV1().Pods(ns).Watch(ctx, o)
+		},
+	}
+	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, func(store cache.Store) (bool, error) {
+		return len(store.List()) == 0 && f(nil), nil
+	}, func(ev watch.Event) (bool, error) {
+		p, ok := ev.Object.(*corev1.Pod)
+		if !ok {
+			return false, nil
+		}
+		if ev.Type == watch.Deleted {
+			p = nil
+		}
+		return f(p), nil
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("timed out after %v waiting for pod %s: %s", timeout, name, what)
+		}
+		t.Fatalf("%v\n%s", err, describe(ns, ""))
+	}
+}
+
 // jobEvents returns the Job's Events as "Reason: message" lines.
 func jobEvents(ctx context.Context, t *testing.T, ns, name string) []string {
 	t.Helper()
@@ -286,24 +330,36 @@ func jobEvents(ctx context.Context, t *testing.T, ns, name string) []string {
 }
 
 // wantEvent fails the test unless the Job has an Event with reason whose message holds
-// every part.
+// every part. Controllers write Events asynchronously (client-go's recorder queues them),
+// so one may land a little after the state it explains: wantEvent waits up to
+// eventWait for it.
 func wantEvent(ctx context.Context, t *testing.T, ns, name, reason string, parts ...string) {
 	t.Helper()
-	evs := jobEvents(ctx, t, ns, name)
-	for _, e := range evs {
-		if !strings.HasPrefix(e, reason+": ") {
-			continue
+	var evs []string
+	found := func() bool {
+		evs = jobEvents(ctx, t, ns, name)
+		for _, e := range evs {
+			if !strings.HasPrefix(e, reason+": ") {
+				continue
+			}
+			ok := true
+			for _, p := range parts {
+				ok = ok && strings.Contains(e, p)
+			}
+			if ok {
+				return true
+			}
 		}
-		ok := true
-		for _, p := range parts {
-			ok = ok && strings.Contains(e, p)
-		}
-		if ok {
-			return
-		}
+		return false
 	}
-	t.Errorf("Job %s: no %s Event with %q; Events:\n  %s", name, reason, parts, strings.Join(evs, "\n  "))
+	if lab.Poll(ctx, eventWait, "an Event", func() (bool, error) { return found(), nil }) == nil {
+		return
+	}
+	t.Errorf("Job %s: no %s Event with %q within %v; Events:\n  %s", name, reason, parts, eventWait, strings.Join(evs, "\n  "))
 }
+
+// eventWait is how long wantEvent waits for an Event.
+const eventWait = 30 * time.Second
 
 // describe is the Job's (or the namespace's) state for a failure message.
 func describe(ns, job string) string {
