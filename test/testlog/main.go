@@ -1,8 +1,9 @@
 // Command testlog reads `go test -json` on standard input, prints the usual verbose
-// output as it comes, and at the end prints again, test by test, what each failed test
-// said. A long suite of parallel tests (the e2e suite runs for minutes with 8 at once)
-// interleaves its tests' lines, and a CI log shows only its tail: the summary puts the
-// reason of a failure where the tail is read.
+// output as it comes, and, when a package ends with failed tests, prints again, test by
+// test, what each failed test said, just before the package's closing "FAIL <package>"
+// line. A long suite of parallel tests (the e2e suite runs for minutes with 8 at once)
+// interleaves its tests' lines, and a CI log shows only the lines before that closing
+// line: the summary puts the reason of a failure there.
 //
 //	go test -json -v ./test/e2e/ 2>&1 | go run ./test/testlog
 //
@@ -35,9 +36,12 @@ type testKey struct{ pkg, test string }
 type log struct {
 	lines   map[testKey][]string
 	dropped map[testKey]int // lines no longer kept
-	failed  []testKey
+	failed  map[string][]testKey
+	// closing holds a package's last line ("FAIL\tpkg\t12.3s", "ok  \tpkg ...") until
+	// its result, so that the summary goes before it.
+	closing map[string]string
 	started map[string]bool // packages with a start and no result yet
-	pkgFail bool
+	anyFail bool
 }
 
 func main() {
@@ -46,19 +50,20 @@ func main() {
 		fmt.Fprintln(os.Stderr, "testlog:", err)
 		os.Exit(2)
 	}
-	l.summary(os.Stdout)
+	l.end(os.Stdout)
 	if l.failedAny() {
 		os.Exit(1)
 	}
 }
 
-// failedAny reports whether a test or package failed, or a package never ended.
-func (l *log) failedAny() bool {
-	return l.pkgFail || len(l.failed) > 0 || len(l.started) > 0
+func newLog() *log {
+	return &log{lines: map[testKey][]string{}, dropped: map[testKey]int{}, failed: map[string][]testKey{},
+		closing: map[string]string{}, started: map[string]bool{}}
 }
 
-func newLog() *log {
-	return &log{lines: map[testKey][]string{}, dropped: map[testKey]int{}, started: map[string]bool{}}
+// failedAny reports whether a test or package failed, or a package never ended.
+func (l *log) failedAny() bool {
+	return l.anyFail || len(l.started) > 0
 }
 
 func (l *log) read(r io.Reader, w io.Writer) error {
@@ -81,6 +86,10 @@ func (l *log) add(ev event, w io.Writer) {
 	case "start":
 		l.started[ev.Package] = true
 	case "output":
+		if ev.Test == "" && closingLine(ev.Package, ev.Output) {
+			l.closing[ev.Package] += ev.Output
+			return
+		}
 		io.WriteString(w, ev.Output)
 		if ev.Test != "" && !framing(ev.Output) {
 			k := testKey{ev.Package, ev.Test}
@@ -90,18 +99,31 @@ func (l *log) add(ev event, w io.Writer) {
 				l.dropped[k] += n - keepLines
 			}
 		}
-	case "fail":
-		if ev.Test == "" {
-			l.pkgFail = true
-			delete(l.started, ev.Package)
-		} else {
-			l.failed = append(l.failed, testKey{ev.Package, ev.Test})
+	case "fail", "pass", "skip":
+		if ev.Action == "fail" {
+			l.anyFail = true
 		}
-	case "pass", "skip":
-		if ev.Test == "" {
-			delete(l.started, ev.Package)
+		if ev.Test != "" {
+			if ev.Action == "fail" {
+				l.failed[ev.Package] = append(l.failed[ev.Package], testKey{ev.Package, ev.Test})
+			}
+			return
+		}
+		delete(l.started, ev.Package)
+		l.summary(w, ev.Package)
+		io.WriteString(w, l.closing[ev.Package])
+		delete(l.closing, ev.Package)
+	}
+}
+
+// closingLine reports whether out is go test's last line for the package.
+func closingLine(pkg, out string) bool {
+	for _, p := range []string{"FAIL\t", "ok  \t"} {
+		if strings.HasPrefix(out, p+pkg+"\t") || strings.HasPrefix(out, p+pkg+" ") {
+			return true
 		}
 	}
+	return false
 }
 
 // framing reports whether a line is go test's own bookkeeping, not a test's words.
@@ -115,37 +137,44 @@ func framing(s string) bool {
 	return false
 }
 
-func (l *log) summary(w io.Writer) {
+// end finishes the output at the end of the input: the packages that never ended.
+func (l *log) end(w io.Writer) {
 	for pkg := range l.started {
 		fmt.Fprintf(w, "\ntestlog: %s ended without a result (killed, or a timeout's panic above)\n", pkg)
+		l.summary(w, pkg)
+		io.WriteString(w, l.closing[pkg])
 	}
-	var said []testKey
-	for _, k := range l.failed {
-		if len(l.lines[k]) > 0 {
-			said = append(said, k)
-		}
-	}
-	if len(l.failed) == 0 {
+}
+
+// summary says again what the package's failed tests said.
+func (l *log) summary(w io.Writer, pkg string) {
+	failed := l.failed[pkg]
+	if len(failed) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\ntestlog: %d failed test(s); what each said:\n", len(l.failed))
-	for _, k := range l.failed {
+	fmt.Fprintf(w, "\ntestlog: %d failed test(s) in %s; what each said:\n", len(failed), pkg)
+	var said []testKey
+	for _, k := range failed {
 		if len(l.lines[k]) == 0 {
 			fmt.Fprintf(w, "--- FAIL: %s (its subtests failed)\n", k.test)
+		} else {
+			said = append(said, k)
 		}
 	}
 	for _, k := range said {
 		lines := l.lines[k]
 		fmt.Fprintf(w, "--- FAIL: %s\n", k.test)
+		dropped := l.dropped[k]
 		if len(lines) > keepLines {
-			l.dropped[k] += len(lines) - keepLines
+			dropped += len(lines) - keepLines
 			lines = lines[len(lines)-keepLines:]
 		}
-		if d := l.dropped[k]; d > 0 {
-			fmt.Fprintf(w, "    (%d earlier lines: see above)\n", d)
+		if dropped > 0 {
+			fmt.Fprintf(w, "    (%d earlier lines: see above)\n", dropped)
 		}
 		for _, s := range lines {
 			fmt.Fprintln(w, s)
 		}
 	}
+	fmt.Fprintln(w)
 }

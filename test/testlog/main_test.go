@@ -31,8 +31,9 @@ func TestSummary(t *testing.T) {
 		name:   "a failed subtest is said again at the end",
 		in:     string(sample),
 		failed: true,
-		want: []string{"main says hi", "bad x", "FAIL\ttj", "testlog: 2 failed test(s)",
-			"--- FAIL: TestA (its subtests failed)", "--- FAIL: TestA/x\n    a_test.go:4: hello x\n    a_test.go:4: bad x\n"},
+		want: []string{"main says hi", "bad x", "main end\n", "\ntestlog: 2 failed test(s) in tj",
+			"--- FAIL: TestA (its subtests failed)", "--- FAIL: TestA/x\n    a_test.go:4: hello x\n    a_test.go:4: bad x\n",
+			"\nFAIL\ttj\t0.002s\n"},
 		dontWant: []string{"hello y", "b ok", "=== CONT"},
 	}, {
 		name:   "cut off before the package's result",
@@ -44,9 +45,10 @@ func TestSummary(t *testing.T) {
 		in: `{"Action":"start","Package":"p"}
 {"Action":"output","Package":"p","Test":"TestB","Output":"    b_test.go:5: b ok\n"}
 {"Action":"pass","Package":"p","Test":"TestB"}
+{"Action":"output","Package":"p","Output":"ok  \tp\t0.1s\n"}
 {"Action":"pass","Package":"p"}
 `,
-		want:     []string{"b ok"},
+		want:     []string{"b ok", "ok  \tp\t0.1s\n"},
 		dontWant: []string{"testlog:"},
 	}, {
 		name: "a build error is not JSON and passes through",
@@ -65,7 +67,7 @@ func TestSummary(t *testing.T) {
 			if err := l.read(strings.NewReader(tc.in), &out); err != nil {
 				t.Fatal(err)
 			}
-			l.summary(&out)
+			l.end(&out)
 			got := out.String()
 			if l.failedAny() != tc.failed {
 				t.Errorf("failed %v, want %v", l.failedAny(), tc.failed)
@@ -102,12 +104,17 @@ func TestSummaryKeepsTheEnd(t *testing.T) {
 	}
 	in.WriteString(`{"Action":"fail","Package":"p","Test":"TestLong"}` + "\n" + `{"Action":"fail","Package":"p"}` + "\n")
 	l := newLog()
-	if err := l.read(strings.NewReader(in.String()), &bytes.Buffer{}); err != nil {
+	var out bytes.Buffer
+	if err := l.read(strings.NewReader(in.String()), &out); err != nil {
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
-	l.summary(&out)
+	l.end(&out)
 	got := out.String()
+	i := strings.Index(got, "\ntestlog:")
+	if i < 0 {
+		t.Fatalf("no summary in %d bytes of output", len(got))
+	}
+	got = got[i:]
 	for _, w := range []string{"(" + strconv.Itoa(n-keepLines) + " earlier lines: see above)", "line " + strconv.Itoa(n-keepLines) + "\n", "line " + strconv.Itoa(n-1) + "\n"} {
 		if !strings.Contains(got, w) {
 			t.Errorf("summary lacks %q:\n%s", w, got)
