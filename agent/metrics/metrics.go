@@ -122,6 +122,11 @@ type Metrics struct {
 	// WriteErrors (coroner_agent_pod_write_errors_total) counts failed pod writes; each
 	// is retried with backoff.
 	WriteErrors prometheus.Counter
+
+	// PodWrites counts the pod patches the stamper sends (phase and conditions, the exit
+	// history annotation; all through pods/status), failed ones included. Beside Stamps it
+	// says how many API writes a stamp costs (the batch period merges a pod's stamps).
+	PodWrites prometheus.Counter
 }
 
 // New creates the metrics and registers them on reg. It panics if reg already holds
@@ -191,9 +196,14 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "pod_write_errors_total",
 			Help: "Failed pod writes; each is retried with backoff.",
 		}),
+		PodWrites: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name: "pod_writes_total",
+			Help: "Pod patches sent to the API server (phase, conditions, exit history), failed ones included.",
+		}),
 	}
 	reg.MustRegister(m.Stamps, m.DetectionLatency, m.ObserveLatency, m.WriteLatency, m.RuntimeConnected, m.IgnoredContainers,
-		m.UnknownOOM, m.Fenced, m.FenceStoppedContainers, m.ContainerExits, m.DroppedEvents, m.WriteErrors)
+		m.UnknownOOM, m.Fenced, m.FenceStoppedContainers, m.ContainerExits, m.DroppedEvents, m.WriteErrors, m.PodWrites)
 	return m
 }
 
@@ -325,4 +335,12 @@ func Value(c prometheus.Collector) float64 {
 		}
 	}
 	return sum
+}
+
+// Wrote records a pod patch sent to the API server (PodWrites).
+func (m *Metrics) Wrote() {
+	if m == nil {
+		return
+	}
+	m.PodWrites.Inc()
 }

@@ -40,6 +40,7 @@ func TestNames(t *testing.T) {
 		"coroner_agent_ignored_containers_total",
 		"coroner_agent_observe_latency_seconds",
 		"coroner_agent_pod_write_errors_total",
+		"coroner_agent_pod_writes_total",
 		"coroner_agent_runtime_connected",
 		"coroner_agent_stamps_total",
 		"coroner_agent_unknown_oom_total",

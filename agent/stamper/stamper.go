@@ -5,8 +5,8 @@
 //
 //   - Batching: a pod's first pending stamp waits one BatchPeriod (default 100 ms) for
 //     others of the same pod; then all of them go out together, so a pod gets at most one
-//     write per batch period (one status patch, plus one metadata patch when an exit
-//     history annotation changes too: status and metadata are different endpoints).
+//     write per batch period (one patch of the phase and conditions, plus one of the
+//     exit history annotation when it changes too; both through pods/status).
 //   - Deduplication: of several conditions of the same type the first stays (the first
 //     cause of death is the one on the pod), of several terminal phases the first; the
 //     conditions writers (package conditions) skip writes that change nothing and handle
@@ -52,7 +52,9 @@ import (
 	"github.com/coroner-dev/coroner/conditions"
 )
 
-// Defaults of Config.
+// Defaults of Config. DefaultBatchPeriod was measured against 10 and 20 ms (README,
+// Performance): when a pod's containers die together a 10 ms batch took about 28% more
+// pod writes and wrote no sooner; alone, a stamp is about 90 ms later at 100 ms.
 const (
 	DefaultBatchPeriod = 100 * time.Millisecond
 	DefaultRetryBase   = 200 * time.Millisecond
@@ -163,6 +165,9 @@ func New(cfg Config) *Stamper {
 	}
 	if cfg.History.MaxBytes == 0 {
 		cfg.History.MaxBytes = exithistory.DefaultLimits.MaxBytes
+	}
+	if cfg.Metrics != nil && cfg.Patcher != nil {
+		cfg.Patcher = countingPatcher{cfg.Patcher, cfg.Metrics}
 	}
 	return &Stamper{
 		cfg:  cfg,
@@ -679,4 +684,15 @@ func stages(r Request, at time.Time) (observed time.Duration, observedOK bool, w
 		}
 	}
 	return observed, observedOK, written, writtenOK
+}
+
+// countingPatcher counts the patches it passes on (metrics.PodWrites).
+type countingPatcher struct {
+	conditions.PodPatcher
+	m *metrics.Metrics
+}
+
+func (c countingPatcher) PatchPod(ctx context.Context, namespace, name string, pt types.PatchType, data []byte, subresources ...string) (*corev1.Pod, error) {
+	c.m.Wrote()
+	return c.PodPatcher.PatchPod(ctx, namespace, name, pt, data, subresources...)
 }

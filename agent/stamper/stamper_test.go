@@ -202,6 +202,15 @@ func TestBatchOneWritePerPod(t *testing.T) {
 	if len(e.rec.Events) != 2 {
 		t.Errorf("%d events, want 2", len(e.rec.Events))
 	}
+	wantWrites(t, e.m, 1)
+}
+
+// wantWrites checks the pod writes counted.
+func wantWrites(t *testing.T, m *metrics.Metrics, n float64) {
+	t.Helper()
+	if v := metrics.Value(m.PodWrites); v != n {
+		t.Errorf("pod writes = %v, want %v", v, n)
+	}
 }
 
 func hasLatency(t *testing.T, reg *prometheus.Registry, kind string, want float64) bool {
@@ -349,6 +358,7 @@ func TestRetryAfterError(t *testing.T) {
 	if v := metrics.Value(e.m.WriteErrors); v != 2 {
 		t.Errorf("write errors = %v, want 2", v)
 	}
+	wantWrites(t, e.m, 3) // the failed ones count
 	if v := metrics.Value(e.m.Stamps.WithLabelValues("LimitOOM", "MemoryLimitExceeded")); v != 1 {
 		t.Errorf("LimitOOM stamps = %v, want 1", v)
 	}
@@ -425,6 +435,7 @@ func TestExitHistoryFromStaleCache(t *testing.T) {
 	if v := metrics.Value(e.m.Stamps.WithLabelValues("ExitHistory", "Recorded")); v != 2 {
 		t.Errorf("ExitHistory stamps = %v, want 2", v)
 	}
+	wantWrites(t, e.m, 3) // the conflict counts
 }
 
 func TestForgetDropsPending(t *testing.T) {

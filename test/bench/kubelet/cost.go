@@ -48,7 +48,7 @@ type sample struct {
 	Shims    int     `json:"shims,omitempty"`
 	ShimsRSS float64 `json:"shimsRssBytes,omitempty"`
 	// AgentCounters are the agent's counters of trouble (write errors, dropped
-	// events, stream overflows), summed by name.
+	// events, stream overflows) and of its work (stamps, pod writes), summed by name.
 	AgentCounters map[string]float64 `json:"agentCounters,omitempty"`
 	// agentHist are the agent's latency histograms (stageMetrics), for the stage
 	// breakdown (stages.go); nil when its metrics could not be read.
@@ -144,15 +144,23 @@ func promValues(text []byte, names ...string) map[string]float64 {
 	return out
 }
 
-// The agent's counters of trouble the report shows the storm's increase of.
-var troubleCounters = []string{
+// The agent's counters the report shows the storm's increase of: trouble, and the
+// stamps and pod writes (how many API writes a stamp took).
+var agentCounterNames = []string{
+	metricStamps,
+	metricPodWrites,
 	"coroner_agent_pod_write_errors_total",
 	"coroner_agent_dropped_events_total",
 	"coroner_agent_runtime_stream_overflows_total",
 	"coroner_agent_runtime_connects_total",
 }
 
-func agentCounters(text []byte) map[string]float64 { return promValues(text, troubleCounters...) }
+const (
+	metricStamps    = "coroner_agent_stamps_total"
+	metricPodWrites = "coroner_agent_pod_writes_total"
+)
+
+func agentCounters(text []byte) map[string]float64 { return promValues(text, agentCounterNames...) }
 
 // runtimeInfo is "runtime mode" of the agent's coroner_agent_runtime_info.
 func runtimeInfo(text []byte) string {

@@ -334,6 +334,9 @@ func (r *report) print(out io.Writer) {
 		if len(n.AgentCounters) > 0 {
 			fmt.Fprintf(out, "  agent counters during the storm: %v\n", map[string]float64(n.AgentCounters))
 		}
+		if st, w := n.AgentCounters[metricStamps], n.AgentCounters[metricPodWrites]; st > 0 {
+			fmt.Fprintf(out, "  agent pod writes per stamp: %.2f (%.0f patches for %.0f stamps, every stamp of the node's agent)\n", w/st, w, st)
+		}
 	}
 
 	fmt.Fprintf(out, "\nWhere the time goes, ms, over the storm: the agent's stages from its own histograms (p50 and p99 estimated from\n"+
