@@ -137,6 +137,8 @@ type podQueue struct {
 	retryAt  time.Time // not before (after a failure)
 	failures int
 	inFlight bool
+	// writing is how many requests the write in flight carries.
+	writing int
 	// history is every exit recorded for the pod, for the annotation's recomputation.
 	history []exithistory.Entry
 	// forgotten: the pod was deleted while a write was in flight.
@@ -266,14 +268,15 @@ func (s *Stamper) Idle() bool {
 }
 
 // Unwritten returns the pods with stamps pending or being written, and how many stamps
-// they wait for in all (a shutdown's log).
+// they wait for in all (a shutdown's log and drop count). A stamp in a write still in
+// flight counts: whether it lands is not known when the agent stops.
 func (s *Stamper) Unwritten() (pods []PodRef, stamps int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, q := range s.pods {
 		if q.inFlight || len(q.pending) > 0 {
 			pods = append(pods, q.ref)
-			stamps += len(q.pending)
+			stamps += len(q.pending) + q.writing
 		}
 	}
 	return pods, stamps
@@ -345,6 +348,7 @@ func (s *Stamper) takeDue(now time.Time) []work {
 			continue
 		}
 		q.inFlight = true
+		q.writing = len(q.pending)
 		out = append(out, work{q: q, reqs: q.pending, history: append([]exithistory.Entry(nil), q.history...)})
 		q.pending = nil
 	}
@@ -378,7 +382,7 @@ func (s *Stamper) requeue(w work, failed error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q := w.q
-	q.inFlight = false
+	q.inFlight, q.writing = false, 0
 	if q.forgotten {
 		return
 	}
@@ -415,7 +419,7 @@ func (s *Stamper) requeue(w work, failed error) {
 func (s *Stamper) done(w work) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w.q.inFlight = false
+	w.q.inFlight, w.q.writing = false, 0
 	w.q.failures = 0
 	w.q.retryAt = time.Time{}
 	if !w.q.forgotten && len(w.q.pending) == 0 && len(w.q.history) == 0 {
@@ -427,7 +431,7 @@ func (s *Stamper) done(w work) {
 func (s *Stamper) drop(w work) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w.q.inFlight = false
+	w.q.inFlight, w.q.writing = false, 0
 	if s.pods[w.q.ref.UID] == w.q {
 		delete(s.pods, w.q.ref.UID)
 	}

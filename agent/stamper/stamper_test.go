@@ -459,3 +459,61 @@ func TestNonWritingStampsIgnored(t *testing.T) {
 		t.Error("a stamp that writes nothing is pending")
 	}
 }
+
+// blockingPatcher holds every patch until release is closed, saying on entered when one
+// has come.
+type blockingPatcher struct {
+	*fakePods
+	entered chan<- struct{}
+	release <-chan struct{}
+}
+
+func (b blockingPatcher) PatchPod(ctx context.Context, namespace, name string, pt types.PatchType, data []byte, subresources ...string) (*corev1.Pod, error) {
+	select {
+	case b.entered <- struct{}{}:
+	default:
+	}
+	<-b.release
+	return b.fakePods.PatchPod(ctx, namespace, name, pt, data, subresources...)
+}
+
+// TestUnwrittenCountsWritesInFlight: a stamp whose write has not come back is unwritten
+// (a stopping agent counts it dropped: it cannot know whether it landed).
+func TestUnwrittenCountsWritesInFlight(t *testing.T) {
+	pods := newFakePods(testPod())
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	s := New(Config{
+		Patcher:     blockingPatcher{pods, entered, release},
+		Lookup:      func(types.UID) *corev1.Pod { return pods.Pod(ns, podName) },
+		BatchPeriod: 10 * time.Millisecond,
+	})
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); s.Run(ctx) }()
+	defer func() { cancel(); <-stopped }()
+
+	s.Add(Request{Pod: ref, Stamp: limitOOM("main"), EventTime: time.Now()})
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no write within 5s")
+	}
+	if got, n := s.Unwritten(); len(got) != 1 || n != 1 {
+		t.Errorf("during the write: Unwritten() = %v, %d stamps; want the pod, 1 stamp", got, n)
+	}
+	close(release)
+	deadline := time.Now().Add(5 * time.Second)
+	for !s.Idle() {
+		if time.Now().After(deadline) {
+			t.Fatal("not idle 5s after the write was released")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got, n := s.Unwritten(); len(got) != 0 || n != 0 {
+		t.Errorf("after the write: Unwritten() = %v, %d stamps; want none", got, n)
+	}
+	if !conditions.IsTrue(&pods.Pod(ns, podName).Status, conditions.OOMKilled) {
+		t.Error("the stamp was not written")
+	}
+}
