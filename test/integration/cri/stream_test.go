@@ -104,9 +104,26 @@ func TestContainerdV2EventStream(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pod.Remove(ctx)
-		// Subscriptions of earlier tests are gone from containerd's queue only once it
-		// has tried to publish to them: let them go before the events to be replayed.
-		time.Sleep(time.Second)
+		// Subscriptions of earlier tests leave containerd's queue only when it publishes
+		// to them, and then only by chance: eventq's publish selects between the
+		// subscription's close and room in its 100-event buffer, and Go picks one of two
+		// ready cases at random, so a closed subscription takes each event with
+		// probability 1/2 and, while it stays, nothing is queued for a replay (it took
+		// all 5 of the events below in one run of `make test`). Throwaway containers make
+		// 20 events first: a closed subscription outlives them with probability 2^-20.
+		for i := range 5 {
+			id, err := pod.StartContainer(ctx, containerd.Container{Name: fmt.Sprintf("flush-%d", i), Command: []string{"true"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(t, "a throwaway container exiting", func() bool {
+				st, err := env.ContainerStatus(ctx, id)
+				return err == nil && st.GetState() == runtimeapi.ContainerState_CONTAINER_EXITED
+			})
+			if _, err := env.Runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		early, err := pod.StartContainer(ctx, containerd.Container{Name: "early", Command: []string{"sh", "-c", "exit 4"}})
 		if err != nil {
 			t.Fatal(err)
