@@ -462,10 +462,17 @@ func (c Config) RunUnknownContainer(ctx context.Context, node, name string, exit
 		"io.kubernetes.pod.namespace": "coroner-chaos-unknown",
 		"io.kubernetes.pod.uid":       u.PodUID,
 	}
+	// A log directory and path as the kubelet gives them: with none, the kubelet that
+	// removes the container deletes "*" in its working directory (see startDaemon).
+	logDir := c.unknownLogDir(n, u.PodUID)
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return u, err
+	}
 	sbConfig := &runtimeapi.PodSandboxConfig{
-		Metadata: &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "coroner-chaos-unknown", Uid: u.PodUID},
-		Hostname: name,
-		Labels:   labels,
+		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "coroner-chaos-unknown", Uid: u.PodUID},
+		Hostname:     name,
+		Labels:       labels,
+		LogDirectory: logDir,
 		Linux: &runtimeapi.LinuxPodSandboxConfig{
 			CgroupParent: "/" + filepath.Join(n.Cgroup(), "kubepods", "besteffort", "pod"+u.PodUID),
 		},
@@ -488,6 +495,7 @@ func (c Config) RunUnknownContainer(ctx context.Context, node, name string, exit
 			Image:    &runtimeapi.ImageSpec{Image: "docker.io/library/busybox:local"},
 			Command:  []string{"sh", "-c", fmt.Sprintf("sleep 1; exit %d", exit)},
 			Labels:   clabels,
+			LogPath:  "main.log",
 		},
 		SandboxConfig: sbConfig,
 	})
@@ -522,7 +530,13 @@ func (c Config) RemoveUnknownContainer(ctx context.Context, u UnknownContainer) 
 	for _, d := range host.CgroupDirs(filepath.Join(n.Cgroup(), "kubepods", "besteffort", "pod"+u.PodUID)) {
 		_ = os.Remove(d)
 	}
-	return errors.Join(err1, err2)
+	err3 := os.RemoveAll(c.unknownLogDir(n, u.PodUID))
+	return errors.Join(err1, err2, err3)
+}
+
+// unknownLogDir is the log directory of an unknown pod's sandbox.
+func (c Config) unknownLogDir(n Node, podUID string) string {
+	return filepath.Join(c.nodeDir(n), "unknown-pods", podUID)
 }
 
 // ContainerExit returns the exit code and finish time the node's runtime reports for a

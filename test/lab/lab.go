@@ -38,8 +38,10 @@ import (
 
 // Fixed names and addresses of the lab. Only one lab runs on a machine at a time.
 const (
-	BridgeName   = "coroner-lab0"
-	RunDir       = "/run/coroner-lab"
+	BridgeName = "coroner-lab0"
+	RunDir     = "/run/coroner-lab"
+	// DaemonDir is the working directory of the lab's daemons, kept empty (startDaemon).
+	DaemonDir    = RunDir + "/cwd"
 	NetnsPrefix  = "coroner-lab-"
 	VethPrefix   = "crlab-"
 	CgroupParent = "coroner-lab"

@@ -20,13 +20,24 @@ import (
 // stdout and stderr appended to logPath. With nsPath it starts in that network namespace
 // and nothing else: the same as `nsenter --net=PATH`, and unlike `ip netns exec`, which
 // also remounts /sys in a mount namespace of its own and would hide the cgroup mounts.
+//
+// A daemon's working directory is DaemonDir, an empty directory of the lab's, never the
+// starter's (a repository checkout, a test package's directory): the kubelet deletes
+// whatever matches "<log path>*" when it removes a container, and for a container
+// created without a log path (behind its back, through CRI) that is "*" in its working
+// directory. A kubelet restarted by `coronerctl chaos start-kubelet` from test/e2e
+// deleted every file of test/e2e that way when the fault suite's unknown container went.
 func startDaemon(name, bin string, args []string, logPath, nsPath string) (Proc, error) {
+	if err := os.MkdirAll(DaemonDir, 0o755); err != nil {
+		return Proc{}, err
+	}
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return Proc{}, err
 	}
 	defer logFile.Close()
 	cmd := exec.Command(bin, args...)
+	cmd.Dir = DaemonDir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

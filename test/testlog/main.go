@@ -7,8 +7,9 @@
 //
 //	go test -json -v ./test/e2e/ 2>&1 | go run ./test/testlog
 //
-// It exits 1 if a test or a package failed (or the input ended without a package's
-// result), 0 otherwise. Lines that are not JSON (a build error) pass through unchanged.
+// It exits 1 if a test or a package failed or did not build (or the input ended without a
+// package's result), 0 otherwise. Build output (JSON since Go 1.24) and lines that are not
+// JSON pass through unchanged.
 package main
 
 import (
@@ -83,6 +84,12 @@ func (l *log) read(r io.Reader, w io.Writer) error {
 
 func (l *log) add(ev event, w io.Writer) {
 	switch ev.Action {
+	case "build-output":
+		// Why a package did not build or load ("no Go files in ..."); go test's own
+		// line says only "[setup failed]".
+		io.WriteString(w, ev.Output)
+	case "build-fail":
+		l.anyFail = true
 	case "start":
 		l.started[ev.Package] = true
 	case "output":

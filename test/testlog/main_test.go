@@ -51,6 +51,19 @@ func TestSummary(t *testing.T) {
 		want:     []string{"b ok", "ok  \tp\t0.1s\n"},
 		dontWant: []string{"testlog:"},
 	}, {
+		// What `go test -json ./test/e2e/` printed (Go 1.26) once the directory had lost its
+		// files: the reason comes as build output.
+		name: "a package that does not load says why",
+		in: `{"ImportPath":"./test/e2e","Action":"build-output","Output":"# ./test/e2e\n"}
+{"ImportPath":"./test/e2e","Action":"build-output","Output":"no Go files in /tmp/ccA/test/e2e\n"}
+{"ImportPath":"./test/e2e","Action":"build-fail"}
+{"Time":"2026-11-24T16:34:07.58419998Z","Action":"start","Package":"./test/e2e"}
+{"Time":"2026-11-24T16:34:07.584335964Z","Action":"output","Package":"./test/e2e","Output":"FAIL\t./test/e2e [setup failed]\n"}
+{"Time":"2026-11-24T16:34:07.584340829Z","Action":"fail","Package":"./test/e2e","Elapsed":0,"FailedBuild":"./test/e2e"}
+`,
+		failed: true,
+		want:   []string{"no Go files in /tmp/ccA/test/e2e\n", "FAIL\t./test/e2e [setup failed]"},
+	}, {
 		name: "a build error is not JSON and passes through",
 		in: `# example.com/p
 ./p.go:3:1: syntax error
