@@ -117,8 +117,9 @@
 // The agent never deletes a pod and writes only pods of its node. Every write goes
 // through the stamper and the conditions package's writers: at most one write per pod
 // per --stamp-batch-period (an exit history change is a second patch, also through
-// pods/status; coroner_agent_pod_writes_total counts them), no write that changes nothing, resourceVersion
-// preconditions, re-reads on conflict, retries with backoff on errors.
+// pods/status; coroner_agent_pod_writes_total counts them), no write that changes
+// nothing, resourceVersion preconditions, re-reads on conflict, retries with backoff on
+// errors.
 //
 // # Fencing
 //

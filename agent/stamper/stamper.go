@@ -136,8 +136,7 @@ type podQueue struct {
 	due      time.Time // when pending may be written
 	retryAt  time.Time // not before (after a failure)
 	failures int
-	inFlight bool
-	// writing is how many requests the write in flight carries.
+	// writing is how many requests the write in flight carries; 0: none in flight.
 	writing int
 	// history is every exit recorded for the pod, for the annotation's recomputation.
 	history []exithistory.Entry
@@ -260,7 +259,7 @@ func (s *Stamper) Idle() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, q := range s.pods {
-		if q.inFlight || len(q.pending) > 0 {
+		if q.writing > 0 || len(q.pending) > 0 {
 			return false
 		}
 	}
@@ -274,7 +273,7 @@ func (s *Stamper) Unwritten() (pods []PodRef, stamps int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, q := range s.pods {
-		if q.inFlight || len(q.pending) > 0 {
+		if q.writing > 0 || len(q.pending) > 0 {
 			pods = append(pods, q.ref)
 			stamps += len(q.pending) + q.writing
 		}
@@ -344,10 +343,9 @@ func (s *Stamper) takeDue(now time.Time) []work {
 	defer s.mu.Unlock()
 	var out []work
 	for _, q := range s.pods {
-		if q.inFlight || len(q.pending) == 0 || now.Before(q.due) || now.Before(q.retryAt) {
+		if q.writing > 0 || len(q.pending) == 0 || now.Before(q.due) || now.Before(q.retryAt) {
 			continue
 		}
-		q.inFlight = true
 		q.writing = len(q.pending)
 		out = append(out, work{q: q, reqs: q.pending, history: append([]exithistory.Entry(nil), q.history...)})
 		q.pending = nil
@@ -362,7 +360,7 @@ func (s *Stamper) nextDue() (time.Time, bool) {
 	var next time.Time
 	found := false
 	for _, q := range s.pods {
-		if q.inFlight || len(q.pending) == 0 {
+		if q.writing > 0 || len(q.pending) == 0 {
 			continue
 		}
 		t := q.due
@@ -382,7 +380,7 @@ func (s *Stamper) requeue(w work, failed error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q := w.q
-	q.inFlight, q.writing = false, 0
+	q.writing = 0
 	if q.forgotten {
 		return
 	}
@@ -419,7 +417,7 @@ func (s *Stamper) requeue(w work, failed error) {
 func (s *Stamper) done(w work) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w.q.inFlight, w.q.writing = false, 0
+	w.q.writing = 0
 	w.q.failures = 0
 	w.q.retryAt = time.Time{}
 	if !w.q.forgotten && len(w.q.pending) == 0 && len(w.q.history) == 0 {
@@ -431,7 +429,7 @@ func (s *Stamper) done(w work) {
 func (s *Stamper) drop(w work) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w.q.inFlight, w.q.writing = false, 0
+	w.q.writing = 0
 	if s.pods[w.q.ref.UID] == w.q {
 		delete(s.pods, w.q.ref.UID)
 	}

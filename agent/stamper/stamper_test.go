@@ -77,13 +77,21 @@ type env struct {
 	stopped chan struct{}
 }
 
-func newEnv(t *testing.T, pods ...*corev1.Pod) *env {
+func newEnv(t *testing.T, pods ...*corev1.Pod) *env { return newEnvPatching(t, nil, pods...) }
+
+// newEnvPatching is newEnv with the stamper's writes going through wrap(the fake) when
+// wrap is not nil.
+func newEnvPatching(t *testing.T, wrap func(*fakePods) conditions.PodPatcher, pods ...*corev1.Pod) *env {
 	t.Helper()
 	e := &env{t: t, clk: testingclock.NewFakeClock(t0), pods: newFakePods(pods...), reg: prometheus.NewRegistry(),
 		rec: record.NewFakeRecorder(100), stopped: make(chan struct{})}
 	e.m = metrics.New(e.reg)
+	var patcher conditions.PodPatcher = e.pods
+	if wrap != nil {
+		patcher = wrap(e.pods)
+	}
 	e.s = New(Config{
-		Patcher: e.pods,
+		Patcher: patcher,
 		Lookup: func(uid types.UID) *corev1.Pod {
 			e.mu.Lock()
 			l := e.lookup
@@ -480,40 +488,28 @@ func (b blockingPatcher) PatchPod(ctx context.Context, namespace, name string, p
 // TestUnwrittenCountsWritesInFlight: a stamp whose write has not come back is unwritten
 // (a stopping agent counts it dropped: it cannot know whether it landed).
 func TestUnwrittenCountsWritesInFlight(t *testing.T) {
-	pods := newFakePods(testPod())
 	entered, release := make(chan struct{}, 1), make(chan struct{})
-	s := New(Config{
-		Patcher:     blockingPatcher{pods, entered, release},
-		Lookup:      func(types.UID) *corev1.Pod { return pods.Pod(ns, podName) },
-		BatchPeriod: 10 * time.Millisecond,
-	})
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
-	stopped := make(chan struct{})
-	go func() { defer close(stopped); s.Run(ctx) }()
-	defer func() { cancel(); <-stopped }()
+	e := newEnvPatching(t, func(f *fakePods) conditions.PodPatcher { return blockingPatcher{f, entered, release} }, testPod())
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // before the env's cleanup, which waits for the write
 
-	s.Add(Request{Pod: ref, Stamp: limitOOM("main"), EventTime: time.Now()})
+	e.s.Add(Request{Pod: ref, Stamp: limitOOM("main"), EventTime: t0})
+	e.step(DefaultBatchPeriod)
 	select {
 	case <-entered:
 	case <-time.After(5 * time.Second):
 		t.Fatal("no write within 5s")
 	}
-	if got, n := s.Unwritten(); len(got) != 1 || n != 1 {
+	if got, n := e.s.Unwritten(); len(got) != 1 || n != 1 {
 		t.Errorf("during the write: Unwritten() = %v, %d stamps; want the pod, 1 stamp", got, n)
 	}
-	close(release)
-	deadline := time.Now().Add(5 * time.Second)
-	for !s.Idle() {
-		if time.Now().After(deadline) {
-			t.Fatal("not idle 5s after the write was released")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	if got, n := s.Unwritten(); len(got) != 0 || n != 0 {
+	unblock()
+	e.waitPatches(1)
+	if got, n := e.s.Unwritten(); len(got) != 0 || n != 0 {
 		t.Errorf("after the write: Unwritten() = %v, %d stamps; want none", got, n)
 	}
-	if !conditions.IsTrue(&pods.Pod(ns, podName).Status, conditions.OOMKilled) {
+	if !conditions.IsTrue(&e.pods.Pod(ns, podName).Status, conditions.OOMKilled) {
 		t.Error("the stamp was not written")
 	}
 }
