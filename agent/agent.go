@@ -387,10 +387,9 @@ const drainTick = 20 * time.Millisecond
 // come; items delayed earlier return within KernelWait) and the stamper writes every
 // pending stamp without waiting for its batch period (Stamper.Flush). A rolling update
 // of the DaemonSet then loses nothing the old agent saw: the new one's replay places
-// exits from the runtime's statuses, but an OOM kill
-// whose kernel report has left the ring buffer can no longer be told a limit OOM from a
-// node OOM. What is left when the grace period is over is logged, pod by pod, and
-// counted as dropped (reason Shutdown).
+// exits from the runtime's statuses, but an OOM kill whose kernel report has left the
+// ring buffer can no longer be told a limit OOM from a node OOM. What is left when the
+// grace period is over is logged, pod by pod, and counted as dropped (reason Shutdown).
 func (a *Agent) drain(logger klog.Logger) {
 	if a.cfg.ShutdownGrace <= 0 {
 		return
