@@ -121,11 +121,13 @@ test-lab: ## e2e: lab up, 3 nodes Ready with a busybox pod each, lab down leavin
 # The e2e suite's output goes through test/testlog: the usual verbose lines as they come,
 # then what each failed test said, again, at the end (where a CI log's tail is read).
 TESTLOG := $(GO) run ./test/testlog
+# E2E_RUN runs the suite; $(1): more environment (the cluster it runs on).
+E2E_RUN = set -o pipefail; CORONER_E2E=1 $(1) $(GOTEST) -json -v -timeout 30m -parallel 8 ./test/e2e/ $(E2E_ARGS) 2>&1 | $(TESTLOG)
 
 e2e: build ## e2e suite on the lab: OOMs, evictions, preemption, drain, partition with real kubelets, a real Prometheus scraping coroner (root, ~4 min)
 	$(ROOT_CHECK)
 	test/tools/build.sh prometheus
-	set -o pipefail; CORONER_E2E=1 $(GOTEST) -json -v -timeout 30m -parallel 8 ./test/e2e/ $(E2E_ARGS) 2>&1 | $(TESTLOG)
+	$(call E2E_RUN)
 
 chaos-test: build ## fault suite on the lab that is up (make lab first; never brings one up or down): shim leader SIGKILLs, API server restarts, etcd paused, agent rollouts, containerd restarts, a partition, bad input, security; prints a table (root, ~13 min)
 	$(ROOT_CHECK)
@@ -150,7 +152,7 @@ kind-down: ## delete the kind cluster, its network and our dockerd, leaving noth
 e2e-kind: build ## the e2e suite on the kind lab (make kind-lab first): exit codes vs the built-in controller, OOMs, a node OOM, eviction, admission, a partitioned worker fenced (root)
 	$(ROOT_CHECK)
 	$(KIND) smoke
-	set -o pipefail; CORONER_E2E=1 CORONER_E2E_CLUSTER=kind $(GOTEST) -json -v -timeout 30m -parallel 8 ./test/e2e/ $(E2E_ARGS) 2>&1 | $(TESTLOG)
+	$(call E2E_RUN,CORONER_E2E_CLUSTER=kind)
 
 FORCE:
 
