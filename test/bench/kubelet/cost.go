@@ -164,21 +164,13 @@ func agentCounters(text []byte) map[string]float64 { return promValues(text, age
 
 // runtimeInfo is "runtime mode" of the agent's coroner_agent_runtime_info.
 func runtimeInfo(text []byte) string {
-	for line := range strings.SplitSeq(string(text), "\n") {
-		if !strings.HasPrefix(line, "coroner_agent_runtime_info{") {
-			continue
+	info := ""
+	forEachSample(text, func(name string, labels map[string]string, _ float64) {
+		if name == "coroner_agent_runtime_info" && info == "" {
+			info = strings.TrimSpace(labels["runtime"] + ", agent: " + labels["mode"])
 		}
-		label := func(k string) string {
-			_, rest, ok := strings.Cut(line, k+`="`)
-			if !ok {
-				return ""
-			}
-			v, _, _ := strings.Cut(rest, `"`)
-			return v
-		}
-		return strings.TrimSpace(label("runtime") + ", agent: " + label("mode"))
-	}
-	return ""
+	})
+	return info
 }
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat's CPU times (100 on Linux).
