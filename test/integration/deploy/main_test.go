@@ -15,6 +15,9 @@
 //     to a pod on node-a gives the node-name claim, and with it the agent may write pods on
 //     node-a and not on node-b; the shim may write the status of a Job with its managedBy
 //     and that Job's pods, and not a bare pod's.
+//   - optin_test.go: the namespace opt-in (components/job-opt-in, a MutatingAdmissionPolicy
+//     and its binding) gives Jobs created without managedBy in a labelled namespace
+//     spec.managedBy coroner.dev/shim, and leaves every other Job as it was created.
 //   - check_test.go: `coronerctl check` finds exactly what the API server rejects, with
 //     the same field paths and messages.
 //   - explain_test.go: `coronerctl explain` against the real API server (selectors, the

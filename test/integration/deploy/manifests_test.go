@@ -84,11 +84,12 @@ func TestRenderedManifests(t *testing.T) {
 		shortLeases     bool
 		shimTolerates   bool
 		fenceAfter      time.Duration // 0: fencing off
+		optIn           bool          // the namespace opt-in (components/job-opt-in)
 	}{
 		// The base discovers the runtime's socket among the usual places, mounted read-only.
 		{dir: "", pullPolicy: corev1.PullIfNotPresent, runtimeEndpoint: "auto", runtimeHostPath: "/run/containerd", runtimeMountRO: true},
-		{dir: "overlays/kind", pullPolicy: corev1.PullIfNotPresent, runtimeEndpoint: "unix:///run/containerd/containerd.sock", runtimeHostPath: "/run/containerd", runtimeMountRO: true, fenceAfter: 30 * time.Second},
-		{dir: "overlays/lab", pullPolicy: corev1.PullNever, runtimeEndpoint: "unix:///run/coroner-lab/node-a/containerd.sock", runtimeHostPath: "/run/coroner-lab", shortLeases: true, shimTolerates: true, fenceAfter: 30 * time.Second},
+		{dir: "overlays/kind", pullPolicy: corev1.PullIfNotPresent, runtimeEndpoint: "unix:///run/containerd/containerd.sock", runtimeHostPath: "/run/containerd", runtimeMountRO: true, fenceAfter: 30 * time.Second, optIn: true},
+		{dir: "overlays/lab", pullPolicy: corev1.PullNever, runtimeEndpoint: "unix:///run/coroner-lab/node-a/containerd.sock", runtimeHostPath: "/run/coroner-lab", shortLeases: true, shimTolerates: true, fenceAfter: 30 * time.Second, optIn: true},
 	} {
 		t.Run("deploy/"+tc.dir, func(t *testing.T) {
 			r := renderTyped(t, tc.dir)
@@ -98,7 +99,8 @@ func TestRenderedManifests(t *testing.T) {
 					t.Fatal(err)
 				}
 				switch {
-				case strings.HasPrefix(key, "Namespace/"), strings.HasPrefix(key, "Cluster"), strings.HasPrefix(key, "ValidatingAdmissionPolicy"):
+				case strings.HasPrefix(key, "Namespace/"), strings.HasPrefix(key, "Cluster"), strings.HasPrefix(key, "ValidatingAdmissionPolicy"),
+					strings.HasPrefix(key, "MutatingAdmissionPolicy"):
 					if m.GetNamespace() != "" {
 						t.Errorf("%s is cluster-scoped but has namespace %q", key, m.GetNamespace())
 					}
@@ -233,7 +235,49 @@ func TestRenderedManifests(t *testing.T) {
 					t.Errorf("no binding of %s with action Deny", name)
 				}
 			}
+			wantOptIn(t, r.objs, tc.optIn)
 		})
+	}
+}
+
+// wantOptIn checks the namespace opt-in's policy and binding: absent (want false), or a
+// policy that sets spec.managedBy coroner.dev/shim on CREATE of a batch/v1 Job without
+// one, failing closed, and a binding that selects the namespaces labelled
+// coroner.dev/jobs=managed (the selector in the binding, so that other bindings of the
+// same policy may select other namespaces).
+func wantOptIn(t *testing.T, objs map[string]runtime.Object, want bool) {
+	t.Helper()
+	p, hasPolicy := objs["MutatingAdmissionPolicy/"+optInName].(*admissionregistrationv1.MutatingAdmissionPolicy)
+	b, hasBinding := objs["MutatingAdmissionPolicyBinding/"+optInName].(*admissionregistrationv1.MutatingAdmissionPolicyBinding)
+	if !want {
+		if hasPolicy || hasBinding {
+			t.Errorf("the namespace opt-in is rendered (policy %v, binding %v); it is a component to add", hasPolicy, hasBinding)
+		}
+		return
+	}
+	if !hasPolicy || !hasBinding {
+		t.Fatalf("the namespace opt-in is not rendered: policy %v, binding %v", hasPolicy, hasBinding)
+	}
+	s := p.Spec
+	if s.FailurePolicy == nil || *s.FailurePolicy != admissionregistrationv1.Fail || s.ReinvocationPolicy != admissionregistrationv1.NeverReinvocationPolicy {
+		t.Errorf("opt-in policy: failurePolicy %v, reinvocationPolicy %q; want Fail, Never", s.FailurePolicy, s.ReinvocationPolicy)
+	}
+	if mc := s.MatchConstraints; mc == nil || len(mc.ResourceRules) != 1 || mc.NamespaceSelector != nil ||
+		!slices.Equal(mc.ResourceRules[0].APIGroups, []string{"batch"}) || !slices.Equal(mc.ResourceRules[0].Resources, []string{"jobs"}) ||
+		!slices.Equal(mc.ResourceRules[0].Operations, []admissionregistrationv1.OperationType{admissionregistrationv1.Create}) {
+		t.Errorf("opt-in policy matches %+v; want CREATE of batch jobs, no namespace selector", mc)
+	}
+	if len(s.MatchConditions) != 1 || s.MatchConditions[0].Expression != "!has(object.spec.managedBy)" {
+		t.Errorf("opt-in policy match conditions %+v", s.MatchConditions)
+	}
+	if len(s.Mutations) != 1 || s.Mutations[0].PatchType != admissionregistrationv1.PatchTypeApplyConfiguration || s.Mutations[0].ApplyConfiguration == nil ||
+		!strings.Contains(s.Mutations[0].ApplyConfiguration.Expression, `managedBy: "coroner.dev/shim"`) {
+		t.Errorf("opt-in policy mutations %+v", s.Mutations)
+	}
+	if b.Spec.PolicyName != optInName || b.Spec.MatchResources == nil || b.Spec.MatchResources.NamespaceSelector == nil ||
+		len(b.Spec.MatchResources.NamespaceSelector.MatchLabels) != 1 || b.Spec.MatchResources.NamespaceSelector.MatchLabels[optInLabel] != optInValue ||
+		len(b.Spec.MatchResources.NamespaceSelector.MatchExpressions) != 0 {
+		t.Errorf("opt-in binding %+v; want policy %s, namespaces labelled %s=%s", b.Spec, optInName, optInLabel, optInValue)
 	}
 }
 
