@@ -221,6 +221,12 @@ const (
 	JobMessageSuccessPolicyRulesMatched = "Matched rules at index" // followed by " <index>"
 )
 
+// Messages of EventReasonAdopted and EventReasonReleased; %s is the pod's name.
+const (
+	AdoptedPodMessage  = "Adopted pod %s: it had no controller and matches the Job's selector"
+	ReleasedPodMessage = "Released pod %s: its labels no longer match the Job's selector"
+)
+
 // Event reasons.
 //
 // On Jobs the shim emits the built-in controller's Events (same reason, type
@@ -239,6 +245,13 @@ const (
 	EventReasonResumed              = "Resumed"          // Normal: JobMessageResumed
 	EventReasonCompleted            = "Completed"        // Normal: "Job completed"
 	EventReasonTooManySucceededPods = "TooManySucceededPods"
+
+	// EventReasonAdopted and EventReasonReleased (Normal, on the Job): the shim
+	// took an orphan pod that matches the Job's selector as the Job's, or let go
+	// of a pod whose labels stopped matching it (the built-in controller does both
+	// silently; the shim says so). Messages: AdoptedPodMessage, ReleasedPodMessage.
+	EventReasonAdopted  = "AdoptedPod"
+	EventReasonReleased = "ReleasedPod"
 
 	// EventReasonPodFailurePolicy (on the Job): what the shim made of one failed
 	// pod, one Event per decision: Warning when the failure counts, fails an

@@ -245,7 +245,7 @@ func New(client kubernetes.Interface, cfg Config) *Controller {
 	pods := c.podFactory.Core().V1().Pods()
 	c.jobInformer, c.jobLister = jobs.Informer(), jobs.Lister()
 	c.podInformer, c.podLister = pods.Informer(), pods.Lister()
-	if err := c.podInformer.AddIndexers(cache.Indexers{controllerUIDIndex: indexByControllerUID}); err != nil {
+	if err := c.podInformer.AddIndexers(cache.Indexers{controllerUIDIndex: indexByControllerUID, orphanUIDIndex: indexOrphanByUIDLabel}); err != nil {
 		// Only fails once the informer has started, which it has not.
 		panic(fmt.Sprintf("adding the pod index: %v", err))
 	}

@@ -22,7 +22,9 @@ import (
 // do too (enqueueBatched), so that the pods the decision stops are deleted, and the
 // FailureTarget written, without waiting for the batching (the built-in controller
 // batches these events too; what it decides is the same). Only Jobs managed by
-// Config.ManagedBy are enqueued. Pods whose Job is gone go to the orphan queue.
+// Config.ManagedBy are enqueued. Pods whose Job is gone go to the orphan queue; a pod with
+// no controller at all also enqueues the managed Jobs whose selector matches it, which may
+// adopt it (claim.go).
 
 func (c *Controller) addJob(obj any) {
 	job, ok := obj.(*batchv1.Job)
@@ -130,6 +132,7 @@ func (c *Controller) addPod(obj any) {
 		if hasTrackingFinalizer(pod) {
 			c.enqueueOrphan(pod)
 		}
+		c.enqueueAdopters(pod)
 		return
 	}
 	if job == nil {
@@ -172,6 +175,7 @@ func (c *Controller) updatePod(old, cur any) {
 		if !finalizerGone {
 			c.enqueueOrphan(curPod)
 		}
+		c.enqueueAdopters(curPod)
 		return
 	}
 	if job == nil {

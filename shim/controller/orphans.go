@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/coroner-dev/coroner/conditions"
 )
 
 // Orphan pods.
@@ -57,12 +59,30 @@ func (c *Controller) syncOrphanPod(ctx context.Context, key string) error {
 			return nil
 		}
 	}
-	_, err = c.client.CoreV1().Pods(ns).Patch(ctx, name, types.StrategicMergePatchType, removeTrackingFinalizerPatch, metav1.PatchOptions{})
+	// On the version this decision was made from: a Job may have adopted the pod since
+	// (claim.go), and the finalizer it gave the pod must stay. A newer version comes
+	// with its own update event, which enqueues the pod again if it is still an orphan.
+	_, err = c.client.CoreV1().Pods(ns).Patch(ctx, name, types.StrategicMergePatchType, removeTrackingFinalizerAtPatch(pod.ResourceVersion), metav1.PatchOptions{})
+	if apierrors.IsConflict(err) {
+		logger.V(4).Info("The orphan pod changed since it was cached; looking again at its next version", "pod", klog.KObj(pod))
+		return nil
+	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("removing the tracking finalizer of orphan pod %s: %w", key, err)
 	}
 	logger.V(2).Info("Removed the tracking finalizer of a pod whose Job is gone", "pod", klog.KObj(pod))
 	return nil
+}
+
+// removeTrackingFinalizerAtPatch is removeTrackingFinalizerPatch on the pod's version
+// resourceVersion only (a conflict otherwise).
+func removeTrackingFinalizerAtPatch(resourceVersion string) []byte {
+	return mustJSON(map[string]any{
+		"metadata": map[string]any{
+			"resourceVersion":                     resourceVersion,
+			"$deleteFromPrimitiveList/finalizers": []string{conditions.JobTrackingFinalizer},
+		},
+	})
 }
 
 // jobGone reports whether the Job ns/name with the given UID no longer exists: this

@@ -42,8 +42,10 @@ import (
 // twice, and the pods of Deployments, DaemonSets and the like cost a stub each rather than
 // the whole object: 1.4 KB against 9.6 KB for a typical Deployment pod, 2.2 KB when opted in
 // (TestStripForRecoveryMemory; the empty corev1.Pod struct is most of the stub). The
-// handlers of that informer enqueue only opted-in pods.
-// With RecoverManaged the second informer does not exist.
+// handlers of that informer enqueue only opted-in pods for recovery, and only with
+// RecoverAll. The informer exists with RecoverManaged too, for the Job sync: a pod of a Job
+// whose labels were changed so that it lost controller-uid is there (with its labels, owner
+// references and finalizers), for its Job to release it (claim.go).
 
 // nodeNameIndex indexes pods by spec.nodeName.
 const nodeNameIndex = "coroner.dev/node-name"
@@ -56,8 +58,8 @@ func indexByNodeName(obj any) ([]string, error) {
 	return []string{pod.Spec.NodeName}, nil
 }
 
-// setupRecovery builds the node and Lease informers, with RecoverAll the informer of the
-// pods that are not Jobs' pods, and their handlers (New calls it).
+// setupRecovery builds the node and Lease informers, the informer of the pods that are not
+// Jobs' pods, and their handlers (New calls it).
 func (c *Controller) setupRecovery() {
 	c.nodeFactory = informers.NewSharedInformerFactory(c.client, 0)
 	c.leaseFactory = informers.NewSharedInformerFactoryWithOptions(c.client, 0, informers.WithNamespace(c.cfg.AgentNamespace))
@@ -68,28 +70,39 @@ func (c *Controller) setupRecovery() {
 	if err := c.podInformer.AddIndexers(cache.Indexers{nodeNameIndex: indexByNodeName}); err != nil {
 		panic(fmt.Sprintf("adding the pod node index: %v", err))
 	}
-	if c.cfg.RecoverPods == RecoverAll {
-		c.otherPodFactory = informers.NewSharedInformerFactoryWithOptions(c.client, 0,
-			informers.WithNamespace(c.cfg.RecoveryNamespace),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + batchv1.ControllerUidLabel }),
-			informers.WithTransform(stripForRecovery))
-		others := c.otherPodFactory.Core().V1().Pods()
-		c.otherPodInformer, c.otherPodLister = others.Informer(), others.Lister()
-		if err := c.otherPodInformer.AddIndexers(cache.Indexers{nodeNameIndex: indexByNodeName}); err != nil {
-			panic(fmt.Sprintf("adding the pod node index: %v", err))
+	// The other pods' informer exists with either scope: besides recovery, it is where the
+	// Job sync finds a pod of one of its Jobs that lost its controller-uid label, to release
+	// it (claim.go).
+	c.otherPodFactory = informers.NewSharedInformerFactoryWithOptions(c.client, 0,
+		informers.WithNamespace(c.cfg.RecoveryNamespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + batchv1.ControllerUidLabel }),
+		informers.WithTransform(stripForRecovery))
+	others := c.otherPodFactory.Core().V1().Pods()
+	c.otherPodInformer, c.otherPodLister = others.Informer(), others.Lister()
+	if err := c.otherPodInformer.AddIndexers(cache.Indexers{nodeNameIndex: indexByNodeName, controllerUIDIndex: indexByControllerUID}); err != nil {
+		panic(fmt.Sprintf("adding the pod node index: %v", err))
+	}
+	c.otherPodIndexer = c.otherPodInformer.GetIndexer()
+	otherPodChanged := func(obj any) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok {
+			return
 		}
-		c.otherPodIndexer = c.otherPodInformer.GetIndexer()
-		enqueue := func(obj any) {
-			if pod, ok := obj.(*corev1.Pod); ok && recovery.Relevant(pod, true) {
-				c.recoveryQueue.Add(cache.MetaObjectToName(pod).String())
+		if c.cfg.RecoverPods == RecoverAll && recovery.Relevant(pod, true) {
+			c.recoveryQueue.Add(cache.MetaObjectToName(pod).String())
+		}
+		if jobControllerRef(pod) != nil {
+			// A Job's pod without the controller-uid label: its Job releases it.
+			if job, _ := c.jobOf(pod); job != nil {
+				c.enqueueBatched(keyOf(job))
 			}
 		}
-		if _, err := c.otherPodInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    enqueue,
-			UpdateFunc: func(_, cur any) { enqueue(cur) },
-		}); err != nil {
-			panic(fmt.Sprintf("adding the Pod event handler: %v", err))
-		}
+	}
+	if _, err := c.otherPodInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    otherPodChanged,
+		UpdateFunc: func(_, cur any) { otherPodChanged(cur) },
+	}); err != nil {
+		panic(fmt.Sprintf("adding the Pod event handler: %v", err))
 	}
 	if _, err := c.nodeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(old, cur any) {
@@ -154,6 +167,14 @@ func stripForRecovery(obj any) (any, error) {
 	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
 		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 	}}
+	if ref := jobControllerRef(p); ref != nil {
+		// A Job's pod that lost its controller-uid label: what the Job's sync needs to
+		// release it (claim.go). Rare: the pods of Jobs carry that label.
+		out.OwnerReferences = []metav1.OwnerReference{*ref}
+		out.Labels = p.Labels
+		out.Finalizers = p.Finalizers
+		out.DeletionTimestamp = p.DeletionTimestamp
+	}
 	if !conditions.OptedInToForcefulDeletion(p.Annotations) {
 		return out, nil
 	}
@@ -199,7 +220,7 @@ func (c *Controller) enqueueNodePods(node string) {
 			}
 		}
 	}
-	if c.otherPodIndexer == nil {
+	if c.cfg.RecoverPods != RecoverAll {
 		return
 	}
 	if objs, err := c.otherPodIndexer.ByIndex(nodeNameIndex, node); err == nil {
@@ -212,21 +233,22 @@ func (c *Controller) enqueueNodePods(node string) {
 }
 
 // recoveryPod returns the pod of a recovery queue key from the Jobs' pod cache, else from
-// the cache of the other pods; nil without error when it is in neither.
-func (c *Controller) recoveryPod(key string) (*corev1.Pod, error) {
-	pod, err := c.cachedPod(key)
-	if pod != nil || err != nil || c.otherPodLister == nil {
-		return pod, err
+// the cache of the other pods (other is true then: the pod is a stub, never taken for a
+// managed Job's); nil without error when it is in neither.
+func (c *Controller) recoveryPod(key string) (pod *corev1.Pod, other bool, err error) {
+	pod, err = c.cachedPod(key)
+	if pod != nil || err != nil {
+		return pod, false, err
 	}
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
-		return nil, nil
+		return nil, false, nil
 	}
 	pod, err = c.otherPodLister.Pods(ns).Get(name)
 	if apierrors.IsNotFound(err) {
-		return nil, nil
+		return nil, false, nil
 	}
-	return pod, err
+	return pod, true, err
 }
 
 // recoversOthers reports whether the pod, not of a managed Job, is to be recovered: with
@@ -260,12 +282,15 @@ func (c *Controller) nodeFound(node string) {
 // recoverPod decides about one pod and carries the decision out: a pod of a managed Job,
 // or an opted-in pod of anything else (recoversOthers).
 func (c *Controller) recoverPod(ctx context.Context, key string) error {
-	pod, err := c.recoveryPod(key)
+	pod, other, err := c.recoveryPod(key)
 	if pod == nil || err != nil {
 		return err
 	}
 	ns, name := pod.Namespace, pod.Name
-	job, _ := c.jobOf(pod)
+	var job *batchv1.Job
+	if !other {
+		job, _ = c.jobOf(pod)
+	}
 	if job == nil && !c.recoversOthers(pod) {
 		return nil
 	}
@@ -350,8 +375,8 @@ func (c *Controller) recoverPod(ctx context.Context, key string) error {
 	return nil
 }
 
-// Listers of the recovery informers, for the fields of Controller. The otherPod ones (pods
-// that are not Jobs' pods, stripped) are nil unless RecoverPods is RecoverAll.
+// Listers of the recovery informers, for the fields of Controller. The otherPod ones are
+// of the pods that are not Jobs' pods, stripped.
 type recoveryListers struct {
 	nodeFactory, leaseFactory   informers.SharedInformerFactory
 	nodeInformer, leaseInformer cache.SharedIndexInformer
@@ -365,18 +390,10 @@ type recoveryListers struct {
 
 // synced returns the recovery informers' HasSynced, for the cache sync wait.
 func (r *recoveryListers) synced() []cache.InformerSynced {
-	s := []cache.InformerSynced{r.nodeInformer.HasSynced, r.leaseInformer.HasSynced}
-	if r.otherPodInformer != nil {
-		s = append(s, r.otherPodInformer.HasSynced)
-	}
-	return s
+	return []cache.InformerSynced{r.nodeInformer.HasSynced, r.leaseInformer.HasSynced, r.otherPodInformer.HasSynced}
 }
 
 // factories returns the recovery informer factories, to start and shut down.
 func (r *recoveryListers) factories() []informers.SharedInformerFactory {
-	f := []informers.SharedInformerFactory{r.nodeFactory, r.leaseFactory}
-	if r.otherPodFactory != nil {
-		f = append(f, r.otherPodFactory)
-	}
-	return f
+	return []informers.SharedInformerFactory{r.nodeFactory, r.leaseFactory, r.otherPodFactory}
 }

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -28,17 +27,11 @@ const slowStartInitialBatchSize = 1
 
 // removeTrackingFinalizerPatch is the strategic merge patch that removes the tracking
 // finalizer and leaves any other finalizer alone, the built-in controller's.
-var removeTrackingFinalizerPatch = func() []byte {
-	b, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{
-			"$deleteFromPrimitiveList/finalizers": []string{conditions.JobTrackingFinalizer},
-		},
-	})
-	if err != nil {
-		panic(err)
-	}
-	return b
-}()
+var removeTrackingFinalizerPatch = mustJSON(map[string]any{
+	"metadata": map[string]any{
+		"$deleteFromPrimitiveList/finalizers": []string{conditions.JobTrackingFinalizer},
+	},
+})
 
 // sync syncs the Job with the given key: it asks jobsync.Sync for a Plan and carries it
 // out in the order jobsync documents. An error re-queues the key with rate limiting.
@@ -95,7 +88,9 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 	// shows up in between only defers work to the next sync.
 	satisfied := c.expectations.satisfied(key)
 	beingRemoved := c.expectations.finalizersBeingRemoved(key)
-	pods, err := c.podsOf(job)
+	// Adoptions and releases come first; when one fails the sync stops there, as the
+	// built-in controller's does, and is retried: it would count the wrong pods.
+	pods, err := c.claimPods(ctx, job)
 	if err != nil {
 		return err
 	}
@@ -208,24 +203,6 @@ func (c *Controller) staleCache(key string, job *batchv1.Job) bool {
 	}
 	delete(c.written, key)
 	return false
-}
-
-// podsOf lists the pods controlled by job from the informer: those whose controller
-// reference is the Job (by UID) and that carry its controller-uid label.
-func (c *Controller) podsOf(job *batchv1.Job) ([]*corev1.Pod, error) {
-	objs, err := c.podIndexer.ByIndex(controllerUIDIndex, string(job.UID))
-	if err != nil {
-		return nil, err
-	}
-	pods := make([]*corev1.Pod, 0, len(objs))
-	for _, o := range objs {
-		pod, ok := o.(*corev1.Pod)
-		if !ok || pod.Namespace != job.Namespace || pod.Labels[batchv1.ControllerUidLabel] != string(job.UID) {
-			continue
-		}
-		pods = append(pods, pod)
-	}
-	return pods, nil
 }
 
 // deletePods deletes the pods of the plan concurrently and returns those that were not

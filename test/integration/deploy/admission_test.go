@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -313,6 +314,9 @@ func TestAdmissionPolicyKeepsTheShimToItsJobs(t *testing.T) {
 			t.Errorf("finalizers %q left", p.Finalizers)
 		}
 	})
+	// From here on jobPod has no finalizer.
+	patchDenied := "coroner-shim may patch a pod only to remove the finalizer batch.kubernetes.io/job-tracking, to adopt an orphan"
+	otherRef := fmt.Sprintf(`{"apiVersion":"batch/v1","kind":"Job","name":"other","uid":"%s","controller":true}`, "0c5e6e4e-0000-4000-8000-000000000001")
 	for _, tc := range []struct {
 		name, patch string
 	}{
@@ -320,14 +324,70 @@ func TestAdmissionPolicyKeepsTheShimToItsJobs(t *testing.T) {
 		{"adding an annotation", `{"metadata":{"annotations":{"example.com/x":"y"}}}`},
 		{"adding a finalizer", `{"metadata":{"finalizers":["example.com/hold"]}}`},
 		{"releasing it and adding a label", fmt.Sprintf(`{"metadata":{"$deleteFromPrimitiveList/finalizers":[%q],"labels":{"app":"x"}}}`, conditions.JobTrackingFinalizer)},
-		{"taking its owner reference off", `{"metadata":{"ownerReferences":null}}`},
+		{"taking its owner reference off and adding a label", `{"metadata":{"ownerReferences":null,"labels":{"app":"x"}}}`},
+		{"taking its owner reference off and adding a finalizer", `{"metadata":{"ownerReferences":null,"finalizers":["example.com/hold"]}}`},
+		{"giving it to another Job", `{"metadata":{"ownerReferences":[{"$patch":"replace"},` + otherRef + `]}}`},
 		{"changing its spec", `{"spec":{"activeDeadlineSeconds":5}}`},
 	} {
 		t.Run("patch a pod of a Job "+tc.name, func(t *testing.T) {
 			_, err := pods.Patch(ctx, jobPod.Name, types.StrategicMergePatchType, []byte(tc.patch), dry)
-			wantDenied(t, err, ownJobs, "coroner-shim may patch a pod only to remove the finalizer batch.kubernetes.io/job-tracking, changing nothing else; pod "+ns+"/managed-0")
+			wantDenied(t, err, ownJobs, patchDenied, "changing nothing else; pod "+ns+"/managed-0")
 		})
 	}
+
+	// Adoption and release as shim/controller patches (claim.go): an orphan whose
+	// controller-uid label is the Job's UID gets the Job's controller reference and the
+	// tracking finalizer; a pod loses them again.
+	controllerRef := func(j *batchv1.Job) string {
+		return fmt.Sprintf(`{"apiVersion":"batch/v1","kind":"Job","name":%q,"uid":%q,"controller":true,"blockOwnerDeletion":true}`, j.Name, j.UID)
+	}
+	adopt := func(j *batchv1.Job, extra string) []byte {
+		return []byte(fmt.Sprintf(`{"metadata":{"ownerReferences":[%s],"finalizers":[%q]%s}}`, controllerRef(j), conditions.JobTrackingFinalizer, extra))
+	}
+	release := []byte(fmt.Sprintf(`{"metadata":{"ownerReferences":[{"$patch":"delete","uid":%q}],"$deleteFromPrimitiveList/finalizers":[%q]}}`, managed.UID, conditions.JobTrackingFinalizer))
+	orphan := mustCreatePod(t, admin, wrappers.MakePod("orphan", ns).Label(batchv1.ControllerUidLabel, string(managed.UID)).Finalizer("example.com/keep").Obj())
+	removeAtEnd(t, admin, ns, orphan.Name)
+	stranger := mustCreatePod(t, admin, wrappers.MakePod("stranger", ns).Label(batchv1.ControllerUidLabel, "0c5e6e4e-0000-4000-8000-000000000002").Obj())
+	// A pod another controller controls (a ConfigMap, as a controller that exists: the
+	// garbage collector would delete a pod whose owner does not).
+	owner, err := admin.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "owner"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsPod := wrappers.MakePod("controlled", ns).Label(batchv1.ControllerUidLabel, string(managed.UID)).Obj()
+	rsPod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID, Controller: ptrTo(true)}}
+	mustCreatePod(t, admin, rsPod)
+	for _, tc := range []struct {
+		name  string
+		pod   string
+		patch []byte
+	}{
+		{"adopt an orphan into a Job its label does not name", stranger.Name, adopt(managed, "")},
+		{"adopt a pod another controller controls, in its place", rsPod.Name, []byte(fmt.Sprintf(`{"metadata":{"ownerReferences":[{"$patch":"replace"},%s],"finalizers":[%q]}}`, controllerRef(managed), conditions.JobTrackingFinalizer))},
+		{"adopt an orphan and label it", orphan.Name, adopt(managed, `,"labels":{"app":"x"}`)},
+		{"adopt an orphan without the tracking finalizer", orphan.Name, []byte(fmt.Sprintf(`{"metadata":{"ownerReferences":[%s]}}`, controllerRef(managed)))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := pods.Patch(ctx, tc.pod, types.StrategicMergePatchType, tc.patch, dry)
+			wantDenied(t, err, ownJobs, patchDenied, "pod "+ns+"/"+tc.pod)
+		})
+	}
+	t.Run("adopt an orphan, then release it", func(t *testing.T) {
+		p, err := pods.Patch(ctx, orphan.Name, types.StrategicMergePatchType, adopt(managed, ""), metav1.PatchOptions{})
+		wantAllowed(t, err)
+		if err != nil {
+			return
+		}
+		if ref := metav1.GetControllerOf(p); ref == nil || ref.UID != managed.UID || len(p.Finalizers) != 2 ||
+			!slices.Contains(p.Finalizers, "example.com/keep") || !slices.Contains(p.Finalizers, conditions.JobTrackingFinalizer) {
+			t.Fatalf("adopted pod has owners %v and finalizers %q", p.OwnerReferences, p.Finalizers)
+		}
+		p, err = pods.Patch(ctx, orphan.Name, types.StrategicMergePatchType, release, metav1.PatchOptions{})
+		wantAllowed(t, err)
+		if err == nil && (len(p.OwnerReferences) != 0 || !slices.Equal(p.Finalizers, []string{"example.com/keep"})) {
+			t.Errorf("released pod has owners %v and finalizers %q", p.OwnerReferences, p.Finalizers)
+		}
+	})
 	t.Run("a label through pods/status of a pod of a Job", func(t *testing.T) {
 		_, err := pods.Patch(ctx, jobPod.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"x"}}}`), dry, "status")
 		wantDenied(t, err, ownJobs, "coroner-shim may change no label, annotation or finalizer of a pod through pods/status; pod "+ns+"/managed-0")
