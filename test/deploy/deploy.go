@@ -1,8 +1,9 @@
 // Package deploy checks what coroner ships for operators beside the kustomize base: the
 // Helm chart (deploy/helm/coroner) renders the same objects as `kubectl kustomize
-// deploy/base`, and the monitoring (deploy/monitoring: ServiceMonitor, alert rules with
-// their promtool unit tests, Grafana dashboard) agrees with the chart's copy and names only
-// metrics that coroner's binaries define. Its tests run helm, promtool and kubectl built
+// deploy/base` (with jobOptIn.enabled, plus those of the namespace opt-in component,
+// deploy/components/job-opt-in), and the monitoring (deploy/monitoring: ServiceMonitor,
+// alert rules with their promtool unit tests, Grafana dashboard) agrees with the chart's
+// copy and names only metrics that coroner's binaries define. Its tests run helm, promtool and kubectl built
 // by test/tools/build.sh (`test/tools/build.sh helm promtool kubectl`); they skip when a
 // tool is missing, and fail instead when CORONER_REQUIRE_DEPLOY_TOOLS=1.
 //

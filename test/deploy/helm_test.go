@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"maps"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -145,6 +146,94 @@ func TestHelmShimPolicyFollowsTheRelease(t *testing.T) {
 	fromUnstructured(t, objs["admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding /second-coroner-shim-own-jobs"], &binding)
 	if binding.Spec.PolicyName != "second-coroner-shim-own-jobs" {
 		t.Errorf("the binding binds %q", binding.Spec.PolicyName)
+	}
+}
+
+// optInKinds are the kinds of the namespace opt-in (deploy/components/job-opt-in).
+var optInKinds = []string{"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
+
+// optIn returns the objects of the namespace opt-in among objs.
+func optIn(objs map[string]*unstructured.Unstructured) map[string]*unstructured.Unstructured {
+	out := map[string]*unstructured.Unstructured{}
+	for key, u := range objs {
+		if u.GetAPIVersion() == "admissionregistration.k8s.io/v1" && slices.Contains(optInKinds, u.GetKind()) {
+			out[key] = u
+		}
+	}
+	return out
+}
+
+// TestHelmJobOptInMatchesKustomize checks that jobOptIn.enabled=true adds to the chart's
+// default objects exactly the namespace opt-in of deploy/components/job-opt-in, as the lab
+// overlay renders it (the MutatingAdmissionPolicy and binding coroner-job-opt-in), field by
+// field once Helm's own labels are set aside; and that the chart's defaults leave it out,
+// as the base does.
+func TestHelmJobOptInMatchesKustomize(t *testing.T) {
+	if n := len(optIn(helmTemplate(t))); n != 0 {
+		t.Errorf("the chart renders %d opt-in objects by default, want none (jobOptIn.enabled is false)", n)
+	}
+	got := helmTemplate(t, "--set", "jobOptIn.enabled=true")
+	withoutHelmLabels(t, got)
+	want := optIn(objects(t, "kubectl kustomize deploy/overlays/lab", run(t, "kubectl", "kustomize", "deploy/overlays/lab")))
+	wantKeys := []string{
+		"admissionregistration.k8s.io/v1 MutatingAdmissionPolicy /coroner-job-opt-in",
+		"admissionregistration.k8s.io/v1 MutatingAdmissionPolicyBinding /coroner-job-opt-in",
+	}
+	if diff := cmp.Diff(wantKeys, slices.Sorted(maps.Keys(want))); diff != "" {
+		t.Fatalf("the lab overlay's opt-in objects (-want +got):\n%s", diff)
+	}
+	base := helmTemplate(t)
+	if len(got) != len(base)+len(want) {
+		t.Errorf("jobOptIn.enabled=true renders %d objects, want the %d defaults and the %d of the opt-in", len(got), len(base), len(want))
+	}
+	for key, w := range want {
+		g, ok := got[key]
+		if !ok {
+			t.Errorf("jobOptIn.enabled=true does not render %s", key)
+			continue
+		}
+		if diff := cmp.Diff(w.Object, g.Object); diff != "" {
+			t.Errorf("%s (-kustomize +helm):\n%s", key, diff)
+		}
+	}
+}
+
+// TestHelmJobOptInValues checks that the opt-in follows the release (its cluster-scoped
+// names, shim.managedBy, the label of jobOptIn.namespaceLabel), and that settings it cannot
+// work with are refused with a message that names them.
+func TestHelmJobOptInValues(t *testing.T) {
+	objs := helmTemplate(t, "--set", "jobOptIn.enabled=true,clusterNamePrefix=second-,shim.managedBy=example.com/second-shim",
+		"--set", "jobOptIn.namespaceLabel.key=example.com/batch,jobOptIn.namespaceLabel.value=second")
+	var policy admissionregistrationv1.MutatingAdmissionPolicy
+	fromUnstructured(t, objs["admissionregistration.k8s.io/v1 MutatingAdmissionPolicy /second-coroner-job-opt-in"], &policy)
+	if m := policy.Spec.Mutations; len(m) != 1 || m[0].ApplyConfiguration == nil ||
+		m[0].ApplyConfiguration.Expression != `Object{spec: Object.spec{managedBy: "example.com/second-shim"}}` {
+		t.Errorf("the policy's mutations %+v, want managedBy example.com/second-shim", m)
+	}
+	var binding admissionregistrationv1.MutatingAdmissionPolicyBinding
+	fromUnstructured(t, objs["admissionregistration.k8s.io/v1 MutatingAdmissionPolicyBinding /second-coroner-job-opt-in"], &binding)
+	if binding.Spec.PolicyName != "second-coroner-job-opt-in" || binding.Spec.MatchResources == nil || binding.Spec.MatchResources.NamespaceSelector == nil ||
+		!maps.Equal(binding.Spec.MatchResources.NamespaceSelector.MatchLabels, map[string]string{"example.com/batch": "second"}) {
+		t.Errorf("the binding %+v, want policy second-coroner-job-opt-in on namespaces labelled example.com/batch=second", binding.Spec)
+	}
+
+	for _, tc := range []struct {
+		name    string
+		set     string
+		wantErr string
+	}{
+		{"no shim", "jobOptIn.enabled=true,shim.enabled=false", "jobOptIn.enabled needs shim.enabled"},
+		{"no label key", "jobOptIn.enabled=true,jobOptIn.namespaceLabel.key=", "jobOptIn.namespaceLabel.key"},
+		{"no label value", "jobOptIn.enabled=true,jobOptIn.namespaceLabel.value=", "jobOptIn.namespaceLabel.value"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(tool(t, "helm"), "template", "coroner", ChartDir, "--namespace", "coroner-system", "--set", tc.set)
+			cmd.Dir = Root()
+			out, err := cmd.CombinedOutput()
+			if err == nil || !strings.Contains(string(out), tc.wantErr) {
+				t.Errorf("helm template --set %s: %v, output:\n%s\nwant an error naming %q", tc.set, err, out, tc.wantErr)
+			}
+		})
 	}
 }
 
