@@ -4,14 +4,17 @@
 #   - Kubernetes and etcd from the modules pinned in this folder's go.mod;
 #   - containerd 2.x (containerd, containerd-shim-runc-v2, ctr) and runc, pinned below, into
 #     _output/bin/containerd2/, beside Debian's containerd 1.6 and runc 1.1 in /usr/bin, so
-#     that tests and the lab run both runtimes (runc needs cgo and libseccomp-dev).
+#     that tests and the lab run both runtimes (runc needs cgo and libseccomp-dev);
+#   - containerd 1.7 (containerd, ctr, containerd-shim-runc-v2), pinned below, into
+#     _output/bin/containerd17/: a third runtime for the tests, run with Debian's runc 1.1.
 # A binary is rebuilt only when it is missing or was built from different inputs (its stamp
 # file records their checksum), so repeated runs take a second.
 #
 # Named only (not in the default set): kubeadm, kube-proxy, kind and coredns, for test/kind;
-# helm, prometheus and promtool, for test/deploy and test/e2e's Prometheus test.
+# helm, prometheus and promtool, for test/deploy and test/e2e's Prometheus test;
+# e2e-upstream, upstream's e2e test binary (_output/bin/e2e-apps.test), for test/upstream.
 #
-# usage: test/tools/build.sh [NAME ...]   (default: every tool but those seven)
+# usage: test/tools/build.sh [NAME ...]   (default: every tool but those eight)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -22,7 +25,8 @@ mkdir -p "$out"
 kube_version=v1.36.3
 containerd_version=v2.4.2
 runc_version=v1.5.2
-all=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl containerd2 runc)
+containerd17_version=v1.7.35
+all=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl containerd2 runc containerd17)
 # Built only when named (test/kind's node image and cluster need them, nothing else does).
 kind_version=v0.32.0
 coredns_version=v1.14.2
@@ -32,7 +36,7 @@ helm_version=v4.3.1
 # Prometheus v3.16.0: its Go module tags a 3.x release as v0.3xx.y.
 prometheus_version=v0.316.0
 prometheus_release=3.16.0
-extra=(kubeadm kube-proxy kind coredns helm prometheus promtool)
+extra=(kubeadm kube-proxy kind coredns helm prometheus promtool e2e-upstream)
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${all[@]}")
 
@@ -79,6 +83,37 @@ for name in "${names[@]}"; do
         "github.com/containerd/containerd/v2/cmd/containerd@$containerd_version" \
         "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$containerd_version" \
         "github.com/containerd/containerd/v2/cmd/ctr@$containerd_version"
+      continue ;;
+    containerd17)
+      # containerd 1.7: CRI GetContainerEvents on one channel shared by every subscriber
+      # (the agent relists there), config version 2 as 1.6. No runc: 1.7 runs Debian's runc
+      # 1.1, the pairing distributions ship (the built runc 1.5 stays with 2.x). Its go.mod
+      # has an exclude directive, which `go install pkg@version` refuses, so the binaries are
+      # built in the module's own directory (module cache, read-only: its go.mod and go.sum
+      # decide every dependency): containerd and ctr with cgo (libc only; the btrfs headers
+      # come with linux-libc-dev), the shim static, as containerd's releases ship it. The
+      # stamp holds what decides the binaries: version, tags, cgo.
+      c17stamp="$containerd17_version urfave_cli_no_docs cgo+static-shim"
+      if [ "$(cat "$out/containerd17/.containerd17.stamp" 2>/dev/null)" = "$c17stamp" ]; then
+        echo "tools: containerd17 up to date"
+        continue
+      fi
+      m=github.com/containerd/containerd
+      echo "tools: building containerd17 ($m@$containerd17_version: cmd/containerd, cmd/ctr, cmd/containerd-shim-runc-v2)"
+      start=$SECONDS
+      mdir=$(GOFLAGS= go mod download -json "$m@$containerd17_version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+      [ -f "$mdir/go.mod" ] || { echo "build.sh: $m@$containerd17_version: no module directory" >&2; exit 1; }
+      vflags="-s -w -X $m/version.Version=${containerd17_version#v} -X $m/version.Revision=module -X $m/version.Package=$m"
+      tmp=$(mktemp -d "$out/.containerd17.XXXXXX")
+      (cd "$mdir" && GOFLAGS=-mod=readonly GOWORK=off CGO_ENABLED=1 go build -trimpath -tags urfave_cli_no_docs \
+        -ldflags "$vflags" -o "$tmp/" ./cmd/containerd ./cmd/ctr)
+      (cd "$mdir" && GOFLAGS=-mod=readonly GOWORK=off CGO_ENABLED=0 go build -trimpath -tags urfave_cli_no_docs \
+        -ldflags "$vflags -extldflags -static" -o "$tmp/" ./cmd/containerd-shim-runc-v2)
+      mkdir -p "$out/containerd17"
+      for f in "$tmp"/*; do mv -f "$f" "$out/containerd17/"; done
+      rmdir "$tmp"
+      echo "$c17stamp" > "$out/containerd17/.containerd17.stamp"
+      echo "tools: built containerd17 in $((SECONDS - start))s"
       continue ;;
     runc)
       # runc with seccomp (cgo + libseccomp-dev), as distributions ship it.
@@ -139,6 +174,24 @@ for name in "${names[@]}"; do
       mv "$out/$name.tmp" "$out/$name"
       echo "$kstamp" > "$out/.$name.stamp"
       echo "tools: built $name in $((SECONDS - start))s"
+      continue ;;
+    e2e-upstream)
+      # Upstream's e2e specs of k8s.io/kubernetes v1.36.3 cut down to the framework and
+      # test/e2e/apps (./e2eapps, a test of this module, so it reuses the packages the
+      # Kubernetes tools compiled): `go test -c`, for test/upstream (make e2e-upstream). Its
+      # stamp adds the package's sources to the module files'.
+      estamp=$(cat "$here"/e2eapps/*.go | sha256sum | cut -c1-16)
+      estamp=$(printf '%s %s' "$stamp" "$estamp" | sha256sum | cut -c1-16)
+      if [ -x "$out/e2e-apps.test" ] && [ "$(cat "$out/.e2e-apps.test.stamp" 2>/dev/null)" = "$estamp" ]; then
+        echo "tools: e2e-upstream up to date"
+        continue
+      fi
+      echo "tools: building e2e-upstream (go test -c ./e2eapps: k8s.io/kubernetes/test/e2e/framework and test/e2e/apps)"
+      start=$SECONDS
+      CGO_ENABLED=0 go test -c -trimpath -ldflags "$ldflags" -o "$out/e2e-apps.test.tmp" ./e2eapps
+      mv "$out/e2e-apps.test.tmp" "$out/e2e-apps.test"
+      echo "$estamp" > "$out/.e2e-apps.test.stamp"
+      echo "tools: built e2e-upstream in $((SECONDS - start))s"
       continue ;;
     etcd) pkg=./etcd ;;
     kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kubectl) pkg=k8s.io/kubernetes/cmd/$name ;;
