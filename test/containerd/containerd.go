@@ -1,6 +1,7 @@
 // Package containerd starts a real containerd with its CRI plugin for tests (Debian's 1.6
-// with runc 1.1, or 2.x with runc 1.5 built from their modules: see Runtime), and plays the kubelet over CRI: pod sandboxes and containers with the
-// kubelet's labels, a cgroup parent, a command and a memory limit.
+// with runc 1.1, 1.7 built from its module with Debian's runc, or 2.x with runc 1.5 built
+// from their modules: see Runtime), and plays the kubelet over CRI: pod sandboxes and
+// containers with the kubelet's labels, a cgroup parent, a command and a memory limit.
 //
 // One containerd is shared by the tests of a package:
 //
@@ -219,19 +220,31 @@ type ConfigDirs struct {
 // local pause image, and the snapshotters this host cannot run disabled; version 2 for
 // containerd 1.x, version 3 for 2.x (d.Runtime.Major). test/containerd and the lab's nodes
 // use it.
+//
+// containerd 1.7 reads the same version 2 as 1.6, with two additions: its runc shim is
+// named by path (runtime_path, which 1.7 honours: Debian's 1.6 shim on PATH would
+// otherwise be found first), and its blockfile snapshotter, new in 1.7 and unusable
+// without a scratch file, is disabled with the others. NRI, also new in 1.7, is off by
+// default there.
 func ConfigTOML(d ConfigDirs) string {
 	if d.Runtime.Major >= 2 {
 		return configV3(d)
 	}
-	runc := ""
+	runc, disabled := "", ""
+	if d.Runtime.Minor >= 7 {
+		runc = fmt.Sprintf("\n      runtime_path = %q", d.Runtime.Shim)
+		disabled = `, "io.containerd.snapshotter.v1.blockfile"`
+	}
+	runc += "\n      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n        SystemdCgroup = false"
+	runc += fmt.Sprintf("\n        Root = %q", d.RuncRoot)
 	if d.Runtime.Runc != "" {
-		runc = fmt.Sprintf("\n        BinaryName = %q", d.Runtime.Runc)
+		runc += fmt.Sprintf("\n        BinaryName = %q", d.Runtime.Runc)
 	}
 	return fmt.Sprintf(`version = 2
 root = %[1]q
 state = %[2]q
 oom_score = 0
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"%[6]s]
 
 [grpc]
   address = %[3]q
@@ -253,15 +266,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        Root = %[6]q%[8]s
+      runtime_type = "io.containerd.runc.v2"%[8]s
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = %[7]q
     max_conf_num = 1
-`, d.Root, d.State, d.Socket, d.Opt, images.PauseName, d.RuncRoot, d.CNIConf, runc)
+`, d.Root, d.State, d.Socket, d.Opt, images.PauseName, disabled, d.CNIConf, runc)
 }
 
 // configV3 is the config of containerd 2.x: the CRI plugin is split into images, runtime

@@ -23,20 +23,21 @@ import (
 )
 
 var (
-	// envs are the package's containerds, one per runtime (Debian's 1.6 first); errs say
-	// why a runtime could not start or is missing.
+	// envs are the package's containerds, one per runtime, oldest first (Debian's 1.6, 1.7,
+	// 2.x); errs say why a runtime could not start or is missing.
 	envs []*containerd.Env
 	errs []error
 	ran  bool
 )
 
-// Main starts one containerd per available runtime (Debian's 1.6 and the 2.x built by
-// test/tools), runs the tests and stops them; use it as `os.Exit(containerdtest.Main(m))`
-// in TestMain.
+// Main starts one containerd per available runtime (Debian's 1.6, and the 1.7 and 2.x
+// built by test/tools), runs the tests and stops them; use it as
+// `os.Exit(containerdtest.Main(m))` in TestMain.
 //
-// When a runtime is missing (containerd, runc or busybox-static not installed, 2.x not
-// built, or not root), the tests that need it are skipped with a message that says what to
-// install or build, unless CORONER_REQUIRE_CONTAINERD=1 (CI), in which case they fail.
+// When a runtime is missing (containerd, runc or busybox-static not installed, 2.x or 1.7
+// not built, or not root), the tests that need it are skipped with a message that says
+// what to install or build, unless CORONER_REQUIRE_CONTAINERD=1 (CI), in which case they
+// fail.
 func Main(m *testing.M) int {
 	ran = true
 	rts, err := containerd.Runtimes("")
@@ -98,7 +99,8 @@ func Shared(t testing.TB) *containerd.Env {
 }
 
 // Each runs f as a subtest per runtime, named after it ("containerd-1.6",
-// "containerd-2.4"), skipping or failing as Shared does when a runtime is missing.
+// "containerd-1.7", "containerd-2.4"), skipping or failing as Shared does when a runtime
+// is missing.
 func Each(t *testing.T, f func(t *testing.T, env *containerd.Env)) {
 	t.Helper()
 	missing(t)
