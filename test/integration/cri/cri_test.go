@@ -1,7 +1,8 @@
 // Package cri_test runs the cri package's Watcher against real containerds (test/containerd):
-// Debian's 1.6 with runc 1.1 (no CRI events: relist) and 2.x with runc 1.5 built from their
-// modules (CRI GetContainerEvents), each test once per runtime, the test playing the kubelet
-// over CRI.
+// Debian's 1.6 with runc 1.1 (no CRI events: relist), 1.7 built from its module with runc
+// 1.1 (CRI GetContainerEvents on a channel shared by every subscriber: never subscribed to,
+// relist) and 2.x with runc 1.5 built from their modules (CRI GetContainerEvents), each
+// test once per runtime, the test playing the kubelet over CRI.
 package cri_test
 
 import (
@@ -271,11 +272,11 @@ func testRuntimeRestart(t *testing.T, env *containerd.Env) {
 	ev := rec.wait(t, "Exited", 30*time.Second, is(cri.Exited, id))
 	t.Logf("containerd ready again %v after its start; the exit that happened while it was down delivered %v after its start (source %s)",
 		restarted.Sub(start).Round(time.Millisecond), ev.ObservedAt.Sub(start).Round(time.Millisecond), ev.Source)
-	// containerd 2.x reports exit 255 "Unknown" for a container that exited while it was
-	// down (test/containerd/containerdtest TestRestartKeepsContainers): the exit is still
-	// delivered, once.
+	// containerd 1.7 and 2.x report exit 255 "Unknown" for a container that exited while
+	// it was down (test/containerd/containerdtest TestRestartKeepsContainers): the exit is
+	// still delivered, once.
 	wantCode := int32(7)
-	if env.Containerd.Major >= 2 {
+	if env.Containerd.LosesExitWhileDown() {
 		wantCode = 255
 	}
 	if ev.ExitCode != wantCode || ev.PodName != "restart" {
@@ -285,8 +286,8 @@ func testRuntimeRestart(t *testing.T, env *containerd.Env) {
 	if n := len(rec.matching(is(cri.Exited, id))); n != 1 {
 		t.Errorf("%d Exited events, want 1", n)
 	}
-	// containerd 1.6 has no GetContainerEvents: relist mode, plus containerd's events;
-	// 2.x has both streams.
+	// containerd 1.6 has no GetContainerEvents and 1.7 shares its channel: relist mode,
+	// plus containerd's events; 2.x has both streams.
 	wantMode := cri.ModeRelist
 	if env.Containerd.Events() {
 		wantMode = cri.ModeEvents
@@ -294,6 +295,41 @@ func testRuntimeRestart(t *testing.T, env *containerd.Env) {
 	if st := w.Stats(); !st.Connected || st.Connects < 2 || !st.ContainerdEvents || st.Mode != wantMode ||
 		!strings.HasPrefix(st.Runtime, "containerd ") {
 		t.Errorf("stats after the restart: %+v", st)
+	}
+}
+
+// TestMode: the mode the Watcher picks on each runtime, and why. containerd 2.x: events
+// (the CRI stream, which gives every subscriber every event). containerd 1.7 serves
+// GetContainerEvents, but on one channel every subscriber takes from (TestContainerdV2EventStream
+// records it): relist, saying so, and the stream never opened. 1.6: relist. All three: containerd's
+// own event service beside it.
+func TestMode(t *testing.T) { containerdtest.Each(t, testMode) }
+
+func testMode(t *testing.T, env *containerd.Env) {
+	w, _ := watch(t, env, cri.Options{})
+	waitUntil(t, "connected and subscribed", func() bool {
+		st := w.Stats()
+		return st.Connected && st.Mode != cri.ModeNone && st.ContainerdEvents
+	})
+	st := w.Stats()
+	t.Logf("%s: runtime %q, mode %s, no stream: %q", env.Containerd.Name, st.Runtime, st.Mode, st.NoStream)
+	switch {
+	case env.Containerd.Events():
+		if st.Mode != cri.ModeEvents || st.NoStream != "" {
+			t.Errorf("mode %s (no stream: %q), want events", st.Mode, st.NoStream)
+		}
+	case env.Containerd.SharedEvents():
+		if st.Mode != cri.ModeRelist || !strings.Contains(st.NoStream, "shares one GetContainerEvents channel") ||
+			!strings.Contains(st.NoStream, env.Containerd.Version) {
+			t.Errorf("mode %s (no stream: %q), want relist because containerd %s shares its CRI event channel", st.Mode, st.NoStream, env.Containerd.Version)
+		}
+	default:
+		if st.Mode != cri.ModeRelist || st.NoStream == "" {
+			t.Errorf("mode %s (no stream: %q), want relist, saying why", st.Mode, st.NoStream)
+		}
+	}
+	if !strings.Contains(st.Runtime, env.Containerd.Version) {
+		t.Errorf("runtime %q does not name containerd %s", st.Runtime, env.Containerd.Version)
 	}
 }
 

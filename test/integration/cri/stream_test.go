@@ -82,11 +82,16 @@ func subscribe(t *testing.T, env *containerd.Env) *streamRecorder {
 //     through a 100-event buffer that containerd waits on: a subscriber that stops reading
 //     holds back the events of every other one.
 //
-// containerd 1.6 answers Unimplemented, checked too.
+// containerd 1.6 answers Unimplemented, checked too, and 1.7's shared channel is recorded
+// by testSharedEventChannel.
 func TestContainerdV2EventStream(t *testing.T) {
 	containerdtest.Each(t, func(t *testing.T, env *containerd.Env) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
+		if env.Containerd.SharedEvents() {
+			testSharedEventChannel(ctx, t, env)
+			return
+		}
 		if !env.Containerd.Events() {
 			stream, err := env.Runtime.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
 			if err == nil {
@@ -248,4 +253,131 @@ func TestContainerdV2EventStream(t *testing.T) {
 			t.Logf("%d events in all: %s", n, fmt.Sprint(types(rec.events)))
 		}
 	})
+}
+
+// testSharedEventChannel records what containerd 1.7's CRI GetContainerEvents really does,
+// the facts cri.Watcher's refusal to subscribe there rests on (streamVerdict; measured with
+// 1.7.35, pkg/cri/server/container_events.go): every call reads one channel of 1000,
+//   - filled whether anyone subscribes or not, so the first subscriber is handed events
+//     from before its subscription;
+//   - shared: each event goes to one subscriber only, so a second subscriber (an agent
+//     beside the kubelet's evented PLEG) takes events away from the first;
+//   - a subscriber that has gone still takes one more event, and drops it (the server
+//     notices the closed stream only when it sends).
+func testSharedEventChannel(ctx context.Context, t *testing.T, env *containerd.Env) {
+	pod, err := env.RunPod(ctx, "it", "shared")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Remove(ctx)
+	// life runs a container to its end and removes it: CREATED, STARTED, STOPPED, DELETED.
+	life := func(name string) string {
+		t.Helper()
+		id, err := pod.StartContainer(ctx, containerd.Container{Name: name, Command: []string{"true"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, name+" exiting", func() bool {
+			st, err := env.ContainerStatus(ctx, id)
+			return err == nil && st.GetState() == runtimeapi.ContainerState_CONTAINER_EXITED
+		})
+		if _, err := env.Runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	const full = "CREATED,STARTED,STOPPED,DELETED"
+	// quiet waits until r has received nothing new for a while: the channel is drained.
+	quiet := func(r *streamRecorder) {
+		t.Helper()
+		last := -1
+		waitUntil(t, "the stream going quiet", func() bool {
+			r.mu.Lock()
+			n := len(r.events)
+			r.mu.Unlock()
+			if n == last {
+				return true
+			}
+			last = n
+			time.Sleep(300 * time.Millisecond)
+			return false
+		})
+	}
+
+	early := life("early")
+	subscribedAt := time.Now()
+	first := subscribe(t, env)
+	waitUntil(t, "the first subscriber handed the events from before it", func() bool { return types(first.of(early)) == full })
+	for _, ev := range first.of(early) {
+		if !time.Unix(0, ev.GetCreatedAt()).Before(subscribedAt) {
+			t.Errorf("%v of the container removed before the subscription dated %v, after it", ev.GetContainerEventType(), time.Unix(0, ev.GetCreatedAt()))
+		}
+	}
+	quiet(first)
+
+	secondCtx, cancelSecond := context.WithCancel(ctx)
+	defer cancelSecond()
+	second := subscribeCtx(secondCtx, t, env)
+	time.Sleep(300 * time.Millisecond) // the second subscription reaches the server
+	var ids []string
+	for i := range 3 {
+		ids = append(ids, life(fmt.Sprintf("shared-%d", i)))
+	}
+	var toFirst, toSecond int
+	for _, id := range ids {
+		waitUntil(t, "every event of "+id+" delivered to one of the two", func() bool {
+			return len(first.of(id))+len(second.of(id)) >= 4
+		})
+		a, b := first.of(id), second.of(id)
+		toFirst += len(a)
+		toSecond += len(b)
+		seen := map[runtimeapi.ContainerEventType]int{}
+		for _, ev := range append(a, b...) {
+			seen[ev.GetContainerEventType()]++
+		}
+		if len(a)+len(b) != 4 || len(seen) != 4 {
+			t.Errorf("container %.12s: first subscriber got %s, second %s; want each of %s once between the two", id, types(a), types(b), full)
+		}
+	}
+	t.Logf("%d events of 3 containers: %d to the first subscriber, %d to the second", 12, toFirst, toSecond)
+	if toFirst == 0 || toSecond == 0 {
+		t.Errorf("first subscriber got %d events, second %d: want them shared between the two", toFirst, toSecond)
+	}
+
+	// The second subscriber goes; its server side still takes the next event.
+	cancelSecond()
+	time.Sleep(300 * time.Millisecond)
+	after := life("after")
+	time.Sleep(time.Second) // late events
+	if got := types(first.of(after)); len(first.of(after)) != 3 {
+		t.Errorf("after the second subscriber went, the first got %s of the container's %s; want all but the one event the gone subscriber took", got, full)
+	} else {
+		t.Logf("after the second subscriber went, the first got %s: one event lost to it", got)
+	}
+}
+
+// subscribeCtx is subscribe with a context of the test's, to end the subscription early.
+func subscribeCtx(ctx context.Context, t *testing.T, env *containerd.Env) *streamRecorder {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	stream, err := env.Runtime.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatalf("GetContainerEvents: %v", err)
+	}
+	r := &streamRecorder{}
+	go func() {
+		for {
+			ev, err := stream.Recv()
+			r.mu.Lock()
+			if err != nil {
+				r.err = err
+				r.mu.Unlock()
+				return
+			}
+			r.events = append(r.events, ev)
+			r.mu.Unlock()
+		}
+	}()
+	return r
 }
