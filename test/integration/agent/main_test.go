@@ -1,6 +1,6 @@
 // Package agent_test runs the node agent in-process against a real API server
-// (test/harness: etcd + kube-apiserver v1.36.3) and real containerds, 1.6 and 2.x, with runc
-// (test/containerd), the test playing the kubelet: it creates Pod objects bound to a
+// (test/harness: etcd + kube-apiserver v1.36.3) and real containerds, 1.6, 1.7 and 2.x, with
+// runc (test/containerd), the test playing the kubelet: it creates Pod objects bound to a
 // node that has no kubelet, then their sandboxes and containers over CRI with the
 // kubelet's labels and the Pod objects' UIDs (test/integration/agent/kubeletsim), and
 // writes pod status where a case needs the kubelet's word.
@@ -23,8 +23,8 @@ var (
 )
 
 // TestMain starts one API server and one containerd per runtime (test/containerd:
-// Debian's 1.6 and the 2.x built by test/tools) for the package and stops them after the
-// tests, whatever happened; tests that need containerd run once per runtime
+// Debian's 1.6, and the 1.7 and 2.x built by test/tools) for the package and stops them
+// after the tests, whatever happened; tests that need containerd run once per runtime
 // (containerdtest.Each).
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
