@@ -7,12 +7,13 @@
 //
 // # Supported runtimes
 //
-// Run for real in CI: containerd 2.4.2 (built from its module, runc 1.5.2; events mode)
-// and Debian's containerd 1.6.20 (runc 1.1.5; relist mode), each integration case once
-// per runtime, and both in the lab. Followed from their sources and unit-tested with a
-// fake CRI server that behaves as they do: containerd 1.7 (relist: its CRI event channel
-// is shared), CRI-O (its stream ends at once unless pod events are on), k3s/rke2's
-// containerd and cri-dockerd (found by discovery). Any CRI v1 runtime works in relist mode;
+// Run for real in CI: containerd 2.4.2 (built from its module, runc 1.5.2; events mode),
+// containerd 1.7.35 (built from its module, Debian's runc 1.1.5; relist mode: its CRI
+// event channel is shared) and Debian's containerd 1.6.20 (runc 1.1.5; relist mode), each
+// integration case once per runtime; 2.4 and 1.6 in the lab. Followed from their sources
+// and unit-tested with a fake CRI server that behaves as they do: CRI-O (its stream ends
+// at once unless pod events are on), k3s/rke2's containerd and cri-dockerd (found by
+// discovery). Any CRI v1 runtime works in relist mode;
 // a runtime older than CRI v1 (containerd before 1.5) is refused with a clear error.
 //
 // # The seam
