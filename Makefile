@@ -10,7 +10,7 @@ PKGS_UNIT := ./cmd/... ./conditions/... ./shim/... ./agent/... ./cri/...
 PKGS_INTEGRATION := ./test/...
 MAINS    := coroner-shim coroner-agent coronerctl
 
-.PHONY: all deps build tools deploy-tools helm-test lint test test-unit test-integration fuzz bench bench-agent bench-agent-storm bench-shim bench-nodeloss bench-on-lab lab lab-down lab-redeploy lab-status test-lab e2e chaos-test e2e-kind kind-image kind-lab kind-down clean help FORCE
+.PHONY: all deps build tools deploy-tools helm-test lint test test-unit test-integration fuzz bench bench-agent bench-agent-storm bench-shim bench-nodeloss bench-on-lab lab lab-down lab-redeploy lab-status test-lab e2e chaos-test e2e-upstream e2e-kind kind-image kind-lab kind-down clean help FORCE
 
 all: build lint test
 
@@ -132,6 +132,13 @@ e2e: build ## e2e suite on the lab: OOMs, evictions, preemption, drain, partitio
 chaos-test: build ## fault suite on the lab that is up (make lab first; never brings one up or down): shim leader SIGKILLs, API server restarts, etcd paused, agent rollouts, containerd restarts, a partition, bad input, security; prints a table (root, ~13 min)
 	$(ROOT_CHECK)
 	$(GO) run ./test/chaos $(CHAOS_ARGS)
+
+# Upstream's own Job specs (issue 19): the "[sig-apps] Job" specs of k8s.io/kubernetes v1.36.3,
+# from an e2e binary built in test/tools, run on the lab twice with the same seed.
+e2e-upstream: ## upstream's "[sig-apps] Job" e2e specs on the lab that is up (make lab first), with the built-in controller then with every Job handed to coroner: a table spec -> built-in / coroner; fails when coroner fails a spec the built-in controller passes (root, ~3 min; E2E_UPSTREAM_ARGS)
+	$(ROOT_CHECK)
+	test/tools/build.sh e2e-upstream
+	$(GO) run ./test/upstream $(E2E_UPSTREAM_ARGS)
 
 # The kind lab (issue 11): an offline node image, a kind cluster of 1 control plane and 2
 # workers on our own dockerd, coroner deployed from deploy/overlays/kind.
