@@ -25,7 +25,7 @@ build: ## build coroner-shim, coroner-agent and coronerctl into _output/bin
 deps: ## install the Debian packages the build, tests and lab need, when missing (root; says what it installs)
 	test/tools/deps.sh
 
-tools: deps ## build Kubernetes v1.36.3, etcd, containerd 2.x and runc from their Go modules into _output/bin (skips what is built)
+tools: deps ## build Kubernetes v1.36.3, etcd, containerd 2.4 and 1.7 and runc from their Go modules into _output/bin (skips what is built)
 	test/tools/build.sh
 
 lint: ## gofmt and go vet
