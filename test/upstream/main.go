@@ -283,13 +283,13 @@ func (r *runner) runPasses(ctx context.Context) (summary, error) {
 		if len(specs) > 0 && census.Total == 0 {
 			s.Problems = append(s.Problems, pass+" pass: no Job seen in the e2e namespaces")
 		}
+		if runErr != nil {
+			return s, runErr // cleanup unbinds
+		}
 		if pass == "coroner" {
 			if err := r.opt.unbind(ctx); err != nil {
 				return s, err
 			}
-		}
-		if runErr != nil {
-			return s, runErr
 		}
 		if err := waitE2ENamespacesGone(ctx, r.cs, 5*time.Minute); err != nil {
 			s.Problems = append(s.Problems, fmt.Sprintf("after the %s pass: %v", pass, err))
