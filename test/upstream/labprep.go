@@ -38,9 +38,9 @@ func tagImages(ctx context.Context, cfg lab.Config) error {
 }
 
 // slowTaint keeps the specs' pods off the VM node (QEMU TCG: its kubelet and containerd
-// are 5-10x slower than the process nodes'): the e2e framework picks nodes among the
-// untainted ones (GetRandomReadySchedulableNode) and the scheduler leaves it alone. It
-// is NoSchedule: coroner's agent keeps running there.
+// are 5-10x slower than the process nodes') when the lab did not taint it itself: the e2e
+// framework picks nodes among the untainted ones (GetRandomReadySchedulableNode) and the
+// scheduler leaves it alone. It is NoSchedule: coroner's agent keeps running there.
 var slowTaint = corev1.Taint{Key: "coroner.dev/e2e-upstream", Value: "slow-vm", Effect: corev1.TaintEffectNoSchedule}
 
 // setTaint adds (on) or removes (!on) slowTaint on the node; a missing node is no error

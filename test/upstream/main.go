@@ -10,9 +10,10 @@
 // wrong) with a time limit, -parallel at a time.
 //
 // Before the passes, the images the specs name get second names of the lab's images on
-// every node (labprep.go), and the VM node, when the lab has one, gets a NoSchedule taint
-// (coroner.dev/e2e-upstream=slow-vm) for the duration, so the specs' pods run on the
-// process nodes only. For the coroner pass a MutatingAdmissionPolicyBinding
+// every node (labprep.go). The specs' pods run on the process nodes only: the VM node,
+// when the lab has one, is QEMU TCG, 5-10x slower; the lab registers it with a NoSchedule
+// taint (lab.coroner.dev/vm), and should it have none, the run adds one
+// (coroner.dev/e2e-upstream=slow-vm) for its duration. For the coroner pass a MutatingAdmissionPolicyBinding
 // coroner-job-opt-in-e2e binds the lab's opt-in policy coroner-job-opt-in to the e2e
 // framework's namespaces (labelled e2e-framework: job); the built-in pass runs without it.
 // Both are undone at the end, also when interrupted. A watch on every Job proves each pass
@@ -43,6 +44,7 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -204,8 +206,15 @@ func (r *runner) runPasses(ctx context.Context) (summary, error) {
 		return s, err
 	}
 	if vm := lab.VMNode().Name; o.taintVM {
-		_, err := r.cs.CoreV1().Nodes().Get(ctx, vm, metav1.GetOptions{})
+		n, err := r.cs.CoreV1().Nodes().Get(ctx, vm, metav1.GetOptions{})
+		i := -1
+		if err == nil {
+			i = slices.IndexFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Effect == corev1.TaintEffectNoSchedule })
+		}
 		switch {
+		case i >= 0:
+			// The lab registers it with lab.coroner.dev/vm=true:NoSchedule.
+			logf("%s (the VM node) is tainted %s=%s:%s: the specs' pods stay off it", vm, n.Spec.Taints[i].Key, n.Spec.Taints[i].Value, n.Spec.Taints[i].Effect)
 		case err == nil:
 			r.tainted = vm
 			if err := setTaint(ctx, r.cs, vm, true); err != nil {
