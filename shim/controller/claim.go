@@ -13,9 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/jobsync"
 )
 
 // Claiming pods: adoption and release.
@@ -158,7 +158,7 @@ func (c *Controller) claimPods(ctx context.Context, job *batchv1.Job) ([]*corev1
 			c.recorder.Eventf(job, corev1.EventTypeNormal, conditions.EventReasonAdopted, conditions.AdoptedPodMessage, pod.Name)
 			// Counted from now on as the Job's, as the informer will show it.
 			adopted := pod.DeepCopy()
-			adopted.OwnerReferences = append(adopted.OwnerReferences, *jobControllerReference(job))
+			adopted.OwnerReferences = append(adopted.OwnerReferences, jobsync.ControllerRef(job))
 			if !hasTrackingFinalizer(adopted) {
 				adopted.Finalizers = append(adopted.Finalizers, conditions.JobTrackingFinalizer)
 			}
@@ -195,25 +195,13 @@ func (c *Controller) patchPod(ctx context.Context, pod *corev1.Pod, patch []byte
 	return err
 }
 
-// jobControllerReference is the controller reference of the Job's pods.
-func jobControllerReference(job *batchv1.Job) *metav1.OwnerReference {
-	return &metav1.OwnerReference{
-		APIVersion:         batchv1.SchemeGroupVersion.String(),
-		Kind:               "Job",
-		Name:               job.Name,
-		UID:                job.UID,
-		Controller:         ptr.To(true),
-		BlockOwnerDeletion: ptr.To(true),
-	}
-}
-
 // adoptPatch adds the Job's controller reference and the tracking finalizer to pod. The
 // pod's UID in the patch makes it fail (a conflict) on another pod of the same name.
 func adoptPatch(job *batchv1.Job, pod *corev1.Pod) []byte {
 	return mustJSON(map[string]any{
 		"metadata": map[string]any{
 			"uid":             pod.UID,
-			"ownerReferences": []*metav1.OwnerReference{jobControllerReference(job)},
+			"ownerReferences": []metav1.OwnerReference{jobsync.ControllerRef(job)},
 			"finalizers":      []string{conditions.JobTrackingFinalizer},
 		},
 	})

@@ -170,18 +170,11 @@ func newPod(job *batchv1.Job, index int, failureCount, ignoredCount int32) *core
 	tmpl := job.Spec.Template.DeepCopy()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace:   job.Namespace,
-			Labels:      tmpl.Labels,
-			Annotations: tmpl.Annotations,
-			Finalizers:  tmpl.Finalizers,
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion:         batchv1.SchemeGroupVersion.String(),
-				Kind:               "Job",
-				Name:               job.Name,
-				UID:                job.UID,
-				Controller:         ptr.To(true),
-				BlockOwnerDeletion: ptr.To(true),
-			}},
+			Namespace:       job.Namespace,
+			Labels:          tmpl.Labels,
+			Annotations:     tmpl.Annotations,
+			Finalizers:      tmpl.Finalizers,
+			OwnerReferences: []metav1.OwnerReference{ControllerRef(job)},
 		},
 		Spec: tmpl.Spec,
 	}
@@ -248,4 +241,17 @@ func truncate(s string, n int) string {
 
 func isIndexed(job *batchv1.Job) bool {
 	return ptr.Deref(job.Spec.CompletionMode, batchv1.NonIndexedCompletion) == batchv1.IndexedCompletion
+}
+
+// ControllerRef is the controller reference of the Job's pods: the ones it creates, and the
+// orphans it adopts.
+func ControllerRef(job *batchv1.Job) metav1.OwnerReference {
+	return metav1.OwnerReference{
+		APIVersion:         batchv1.SchemeGroupVersion.String(),
+		Kind:               "Job",
+		Name:               job.Name,
+		UID:                job.UID,
+		Controller:         ptr.To(true),
+		BlockOwnerDeletion: ptr.To(true),
+	}
 }
