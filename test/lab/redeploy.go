@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/coroner-dev/coroner/test/images"
+	"github.com/coroner-dev/coroner/test/vm"
 )
 
 // Redeploy puts the coroner of the working tree into a lab that is up, for a developer
@@ -49,17 +50,19 @@ func Redeploy(ctx context.Context, c Config) error {
 		// a tarball rewritten in place ("short read").
 		n := VMNode()
 		for _, img := range coroner {
-			f, err := os.Open(img.Tarball)
-			if err != nil {
-				return err
-			}
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-			cmd := exec.CommandContext(cctx, "ssh", append(vmSSHOptions(filepath.Join(c.nodeDir(n), "ssh-key")), "root@"+n.IP.String(),
-				vmCtr("images import -"))...)
-			cmd.Stdin = f
-			out, err := cmd.CombinedOutput()
+			out, err := vm.SSHRetry(cctx, func() ([]byte, error) {
+				f, err := os.Open(img.Tarball)
+				if err != nil {
+					return nil, err
+				}
+				defer f.Close()
+				cmd := exec.CommandContext(cctx, "ssh", append(vm.SSHOptions(filepath.Join(c.nodeDir(n), "ssh-key")), "root@"+n.IP.String(),
+					vmCtr("images import -"))...)
+				cmd.Stdin = f
+				return cmd.CombinedOutput()
+			})
 			cancel()
-			f.Close()
 			if err != nil {
 				return fmt.Errorf("%s: import %s: %w\n%s", n.Name, img.Name, err, out)
 			}

@@ -639,14 +639,11 @@ func (c Config) vmScript(ctx context.Context, timeout time.Duration, script stri
 	n := VMNode()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ssh", append(vmSSHOptions(filepath.Join(c.nodeDir(n), "ssh-key")), "root@"+n.IP.String(), "bash", "-s")...)
-	cmd.Stdin = strings.NewReader(script)
-	return cmd.CombinedOutput()
-}
-
-func vmSSHOptions(key string) []string {
-	return []string{"-i", key, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-		"-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5", "-o", "BatchMode=yes"}
+	return vm.SSHRetry(ctx, func() ([]byte, error) {
+		cmd := exec.CommandContext(ctx, "ssh", append(vm.SSHOptions(filepath.Join(c.nodeDir(n), "ssh-key")), "root@"+n.IP.String(), "bash", "-s")...)
+		cmd.Stdin = strings.NewReader(script)
+		return cmd.CombinedOutput()
+	})
 }
 
 // VMSocket makes a unix socket in the guest (the VM node's containerd.sock: its CRI, for
@@ -656,31 +653,48 @@ func (c Config) VMSocket(ctx context.Context, remote string) (string, func(), er
 	if _, err := c.upState(); err != nil {
 		return "", nil, err
 	}
+	var local string
+	var stop func()
+	_, err := vm.SSHRetry(ctx, func() ([]byte, error) {
+		var out []byte
+		var err error
+		local, stop, out, err = c.forwardVMSocket(ctx, remote)
+		return out, err
+	})
+	return local, stop, err
+}
+
+// forwardVMSocket is one try of VMSocket; on failure, ssh's own error output with the
+// error, for SSHRetry to tell a connection that did not come up.
+func (c Config) forwardVMSocket(ctx context.Context, remote string) (string, func(), []byte, error) {
 	n := VMNode()
 	dir, err := os.MkdirTemp("", "coroner-vm-sock-")
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	local := filepath.Join(dir, "forward.sock")
-	args := append(vmSSHOptions(filepath.Join(c.nodeDir(n), "ssh-key")),
+	args := append(vm.SSHOptions(filepath.Join(c.nodeDir(n), "ssh-key")),
 		"-N", "-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes", "-L", local+":"+remote, "root@"+n.IP.String())
 	cmd := exec.Command("ssh", args...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		_ = os.RemoveAll(dir)
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	stop := func() {
 		_ = cmd.Process.Kill()
 		<-exited
 		_ = os.RemoveAll(dir)
 	}
-	err = Poll(ctx, 30*time.Second, "ssh's forwarding of "+remote, func() (bool, error) {
+	var sshErr error
+	err = Poll(ctx, time.Minute, "ssh's forwarding of "+remote, func() (bool, error) {
 		select {
 		case <-exited:
+			sshErr = waitErr
 			return false, fmt.Errorf("ssh exited: %s", stderr.String())
 		default:
 		}
@@ -689,7 +703,11 @@ func (c Config) VMSocket(ctx context.Context, remote string) (string, func(), er
 	})
 	if err != nil {
 		stop()
-		return "", nil, err
+		if sshErr != nil {
+			// The exit status, for SSHRetry; the message says what ssh said.
+			return "", nil, []byte(stderr.String()), fmt.Errorf("%w: %w", err, sshErr)
+		}
+		return "", nil, nil, err
 	}
-	return local, stop, nil
+	return local, stop, nil, nil
 }

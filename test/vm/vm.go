@@ -204,11 +204,59 @@ func Tail(path string, n int64) string {
 	return string(b)
 }
 
+// SSHOptions are ssh's options for the guest: key, no host-key bookkeeping, no prompts.
+// ConnectTimeout covers the TCP connection and sshd's banner: a TCG guest under a loaded
+// host has taken over 5 s to send its banner (a CI run: "Connection timed out during
+// banner exchange"), so it is generous; SSHRetry retries what still fails to connect.
+func SSHOptions(key string) []string {
+	return []string{"-i", key, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+		"-o", "LogLevel=ERROR", "-o", "ConnectTimeout=20", "-o", "BatchMode=yes"}
+}
+
+// NotConnected tells whether ssh's output says it never reached a shell in the guest
+// (exit status 255 and one of OpenSSH's messages for a connection that did not come up),
+// so nothing ran there and the same command may run again.
+func NotConnected(err error, out []byte) bool {
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 255 {
+		return false
+	}
+	for _, m := range []string{"banner exchange", "kex_exchange_identification", "Connection timed out",
+		"Connection refused", "Connection reset by peer", "No route to host"} {
+		if strings.Contains(string(out), m) {
+			return true
+		}
+	}
+	return false
+}
+
+// sshRetryPause is the pause between SSHRetry's tries (shorter in its tests).
+var sshRetryPause = 5 * time.Second
+
+// SSHRetry runs one ssh invocation (run returns its error and the output that tells why)
+// until it connects: up to 4 tries, 5 s apart, while ctx lasts. Only a failure to connect
+// is retried (NotConnected); any other result is returned as it is.
+func SSHRetry(ctx context.Context, run func() ([]byte, error)) ([]byte, error) {
+	var out []byte
+	var err error
+	for try := 1; ; try++ {
+		out, err = run()
+		if try == 4 || !NotConnected(err, out) {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return out, err
+		case <-time.After(sshRetryPause):
+		}
+	}
+}
+
 // SSH runs a command in the guest as root over ssh with key, at ip; its combined output.
 func SSH(ctx context.Context, key, ip string, timeout time.Duration, command string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ssh", "-i", key, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-		"-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5", "-o", "BatchMode=yes", "root@"+ip, command)
-	return cmd.CombinedOutput()
+	return SSHRetry(ctx, func() ([]byte, error) {
+		return exec.CommandContext(ctx, "ssh", append(SSHOptions(key), "root@"+ip, command)...).CombinedOutput()
+	})
 }
