@@ -17,11 +17,12 @@ import (
 // containerdDown is how long containerd stays down: RestartSec of containerd.service.
 const containerdDown = 5 * time.Second
 
-// containerdRestart: a storm Job on lab-node-3 (containerd 2.x) and lab-node-2 (1.6)
-// while each node's containerd is restarted in turn. No exit may be lost: every exit a
+// containerdRestart: a storm Job on lab-node-3 (containerd 1.7), lab-node-2 (1.6) and
+// lab-node-1 (2.x) while each node's containerd is restarted in turn (1.7 and 2.x killed,
+// 1.6 stopped). No exit may be lost: every exit a
 // pod recorded must make its pod terminal with that exit code and be counted by the Job.
-// An exit whose code the runtime rewrote (containerd 2.x reports a container that exited
-// while it was down as 255 Unknown after its restart, README "Node configurations") is
+// An exit whose code the runtime rewrote (containerd 2.x and 1.7 report a container that
+// exited while it was down as 255 Unknown after its restart, README "Node configurations") is
 // reported as such, and the Job outcome is then judged against the codes the runtime
 // reported.
 func containerdRestart(ctx context.Context, e *env, o options) result {
@@ -32,7 +33,7 @@ func containerdRestart(ctx context.Context, e *env, o options) result {
 	}
 	defer func() { st.end(len(r.Problems) > 0) }()
 	ns, dir, tr := st.ns, st.dir, st.tr
-	nodes := []string{"lab-node-3", "lab-node-2"}
+	nodes := []string{"lab-node-3", "lab-node-2", "lab-node-1"}
 	s := stormJob{Name: "storm", Completions: 60, Parallelism: 16, Nodes: nodes,
 		Fail: randomIndexes(e.rng, 60, 0.3), RunTicks: 4, RerunTicks: 4, Jitter: 8}
 	if _, err := e.cs.BatchV1().Jobs(ns).Create(ctx, s.job(ns, dir), metav1.CreateOptions{}); err != nil {
@@ -45,7 +46,7 @@ func containerdRestart(ctx context.Context, e *env, o options) result {
 	}
 	var faults []string
 	windows := map[string][2]float64{}
-	sigs := map[string]syscall.Signal{"lab-node-3": syscall.SIGKILL, "lab-node-2": syscall.SIGTERM}
+	sigs := map[string]syscall.Signal{"lab-node-3": syscall.SIGKILL, "lab-node-2": syscall.SIGTERM, "lab-node-1": syscall.SIGKILL}
 	for _, n := range nodes {
 		if err := lab.Sleep(ctx, e.jitter(2*time.Second, 6*time.Second)); err != nil {
 			return r.fail(err)

@@ -31,9 +31,10 @@ const (
 	vmLatencyPods = 6
 )
 
-// exitToStamp measures, on a containerd 2.x node (the agent in events mode), the
-// containerd 1.6 node (relist mode) and, when the lab has it, the VM node (systemd, cgroup
-// v2, containerd 2.x: events mode; its CRI reached through ssh) at the same time, how long after a container's exit
+// exitToStamp measures, on the busy node and the OOM node (on the process lab containerd
+// 1.7 and 1.6, the agent relisting on both; on kind two containerd 2.x nodes, events mode)
+// and, when the lab has it, the VM node (systemd, cgroup v2, containerd 2.x: events mode;
+// its CRI reached through ssh) at the same time, how long after a container's exit
 // the agent's stamp is visible through a watch: latencyPods pods per node, each container
 // exiting once (code 3, restartPolicy OnFailure: the agent records the exit in
 // coroner.dev/exit-history), from the runtime's finishedAt (asked of the node's containerd

@@ -22,7 +22,7 @@ import (
 
 // TestDisruptions runs the tests that disturb a node, one after the other (the parallel
 // tests meanwhile run on the quiet node): first the exit -> stamp latency on lab-node-3
-// (containerd 2.x) and lab-node-2 (containerd 1.6) while nothing else runs there, then a
+// (containerd 1.7) and lab-node-2 (containerd 1.6) while nothing else runs there, then a
 // node OOM on lab-node-2, a preemption on
 // lab-node-3, a drain, a zombie pod recovered from a partitioned node, then lab-node-3
 // partitioned while lab-node-2's kubelet is killed.

@@ -15,8 +15,8 @@ import (
 var kubeTools = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"}
 
 // runtimeTools are the container runtime builds of test/tools: containerd 2.x and runc,
-// into BinDir/containerd2.
-var runtimeTools = []string{"containerd2", "runc"}
+// into BinDir/containerd2, and containerd 1.7 into BinDir/containerd17.
+var runtimeTools = []string{"containerd2", "runc", "containerd17"}
 
 // build builds what is missing: the Kubernetes binaries (test/tools/build.sh skips what is
 // up to date), coroner-agent and coroner-shim as static binaries, and the images.

@@ -25,7 +25,7 @@ func TestNodes(t *testing.T) {
 		if strings.Join(got, " ") != strings.Join(exp, " ") {
 			t.Errorf("node %d: %v, want %v", i+1, got, exp)
 		}
-		if wantRT := map[int]string{1: RuntimeContainerd2, 2: RuntimeContainerd16, 3: RuntimeContainerd2}[i+1]; n.Runtime != wantRT {
+		if wantRT := map[int]string{1: RuntimeContainerd2, 2: RuntimeContainerd16, 3: RuntimeContainerd17}[i+1]; n.Runtime != wantRT {
 			t.Errorf("node %d runs %s, want %s", i+1, n.Runtime, wantRT)
 		}
 		if len(n.HostVeth) > 15 {

@@ -72,16 +72,21 @@ type Node struct {
 	HostVeth string // crlab-1, the host end of the veth pair; the node end is eth0
 	IP       net.IP // 10.77.0.11
 	PodCIDR  *net.IPNet
-	// Runtime is the node's container runtime: RuntimeContainerd2 or RuntimeContainerd16.
+	// Runtime is the node's container runtime: RuntimeContainerd2, RuntimeContainerd17 or
+	// RuntimeContainerd16.
 	Runtime string
 }
 
 // The lab's container runtimes. The nodes mix them, so that every e2e run exercises both
-// ways the agent learns of container exits: containerd 2.x (built from its module by
-// test/tools, with runc 1.5) serves CRI GetContainerEvents (the agent's events mode);
-// Debian's containerd 1.6 (runc 1.1) does not (the agent relists every second).
+// ways the agent learns of container exits, and the three containerd lines users run:
+// containerd 2.x (built from its module by test/tools, with runc 1.5) serves CRI
+// GetContainerEvents (the agent's events mode); containerd 1.7 (built from its module by
+// test/tools, with Debian's runc 1.1) serves it too, but on one channel shared by all its
+// callers, which the agent never subscribes to (it relists every second, as on 1.6);
+// Debian's containerd 1.6 (runc 1.1) does not serve it.
 const (
 	RuntimeContainerd2  = "containerd-2"
+	RuntimeContainerd17 = "containerd-1.7"
 	RuntimeContainerd16 = "containerd-1.6"
 )
 
@@ -102,7 +107,7 @@ func (n Node) gateway() net.IP {
 }
 
 // Nodes returns the lab's nodes: lab-node-1 .. lab-node-<count>, lab-node-2 on containerd
-// 1.6 and the others on containerd 2.x.
+// 1.6, lab-node-3 on containerd 1.7 and the others on containerd 2.x.
 func Nodes(count int) []Node {
 	nodes := make([]Node, count)
 	for i := range nodes {
@@ -117,9 +122,13 @@ func Nodes(count int) []Node {
 			PodCIDR:  cidr,
 			Runtime:  RuntimeContainerd2,
 		}
-		if idx == 2 {
+		switch idx {
+		case 2:
 			// lab-node-2 (the e2e suite's node-OOM node) runs Debian's 1.6.
 			nodes[i].Runtime = RuntimeContainerd16
+		case 3:
+			// lab-node-3 (the e2e suite's busy node: preemption, drain, partition) runs 1.7.
+			nodes[i].Runtime = RuntimeContainerd17
 		}
 	}
 	return nodes

@@ -20,15 +20,18 @@ import (
 	"github.com/coroner-dev/coroner/test/images"
 )
 
-// runtime is the containerd build of the node: Debian's 1.6, or the 2.x test/tools built.
+// runtime is the containerd build of the node: Debian's 1.6, or the 2.x or 1.7 test/tools
+// built.
 func (c Config) runtime(n Node) (containerd.Runtime, error) {
 	switch n.Runtime {
 	case RuntimeContainerd16:
 		return containerd.Debian()
+	case RuntimeContainerd17:
+		return containerd.Built17(c.BinDir)
 	case RuntimeContainerd2, "":
 		return containerd.Built(c.BinDir)
 	}
-	return containerd.Runtime{}, fmt.Errorf("%s: unknown runtime %q (want %s or %s)", n.Name, n.Runtime, RuntimeContainerd2, RuntimeContainerd16)
+	return containerd.Runtime{}, fmt.Errorf("%s: unknown runtime %q (want %s, %s or %s)", n.Name, n.Runtime, RuntimeContainerd2, RuntimeContainerd17, RuntimeContainerd16)
 }
 
 // prepareNode makes the node's directories, cgroup and configuration files.
