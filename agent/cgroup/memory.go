@@ -120,8 +120,12 @@ func Detect(root, cgroupPath string) (Version, string, error) {
 }
 
 // Read reads the memory controller of cgroupPath under root (see Detect for
-// where it looks). Files the kernel does not have are skipped and leave
-// their fields zero; a file with content that does not parse is an error.
+// where it looks). Files that some kernels lack (v2's memory.peak, before
+// Linux 5.19; the oom_kill key of v1's memory.oom_control, before 4.13) are
+// skipped and leave their fields zero; a file every kernel has that is
+// missing means the cgroup is being removed, and is an error wrapping
+// fs.ErrNotExist, as is a marker file gone after the reads; a file with
+// content that does not parse is an error.
 func Read(root, cgroupPath string) (Memory, error) {
 	v, dir, err := Detect(root, cgroupPath)
 	if err != nil {
@@ -136,12 +140,21 @@ func Read(root, cgroupPath string) (Memory, error) {
 	if err != nil {
 		return Memory{}, fmt.Errorf("cgroup %s: %w", cgroupPath, err)
 	}
-	// A missing file reads as "not provided by this kernel" (field left 0), so a cgroup
-	// removed during the reads (the runtime removes a container's cgroup right after its
-	// exit) would read as limit 0, failcnt 0, peak 0 without an error, which looks like
-	// "the limit was never reached". rmdir removes the directory at once: one that is
-	// still there after the reads was there during them.
-	if _, err := os.Stat(dir); err != nil {
+	// A cgroup removed during the reads (the runtime removes a container's cgroup right
+	// after its exit) must not read as limit 0, failcnt 0, peak 0, which looks like "the
+	// limit was never reached" (a limit OOM then passes for a node OOM). The kernel's
+	// rmdir removes the controller's files first (kill_css -> css_clear_dir), then the
+	// directory (kernfs_remove): a reader between the two finds the directory but not the
+	// files. Seen on the lab (bench-beside, cgroup v1): a container's memory.oom_control
+	// read with oom_kill 1, then memory.failcnt and the rest missing, the directory still
+	// there. So a file every kernel has that is missing is an error (the readers), and
+	// the marker file Detect found must still be there after the reads: it was there
+	// during them, and so were the files read before it went.
+	marker := "memory.oom_control"
+	if v == V2 {
+		marker = "memory.events"
+	}
+	if _, err := os.Stat(filepath.Join(dir, marker)); err != nil {
 		return Memory{}, fmt.Errorf("cgroup %s removed while it was read: %w", cgroupPath, err)
 	}
 	return m, nil
@@ -163,6 +176,9 @@ func readV1(dir string, m *Memory) error {
 		}
 		m.UnderOOM = kv["under_oom"] != 0
 	}
+	if !ok {
+		return fmt.Errorf("memory.oom_control: %w (the cgroup is being removed)", fs.ErrNotExist)
+	}
 	for _, f := range []struct {
 		name string
 		dst  *int64
@@ -171,7 +187,7 @@ func readV1(dir string, m *Memory) error {
 		{"memory.usage_in_bytes", &m.Usage},
 		{"memory.max_usage_in_bytes", &m.Peak},
 	} {
-		if err := readInt(filepath.Join(dir, f.name), f.dst); err != nil {
+		if err := readInt(filepath.Join(dir, f.name), f.dst, true); err != nil {
 			return err
 		}
 	}
@@ -179,7 +195,7 @@ func readV1(dir string, m *Memory) error {
 		m.Limit = 0
 	}
 	var failcnt int64
-	if err := readInt(filepath.Join(dir, "memory.failcnt"), &failcnt); err != nil {
+	if err := readInt(filepath.Join(dir, "memory.failcnt"), &failcnt, true); err != nil {
 		return err
 	}
 	m.FailCnt = uint64(failcnt)
@@ -191,21 +207,23 @@ func readV2(dir string, m *Memory) error {
 	if err != nil {
 		return err
 	}
-	if ok {
-		if n, has := kv["oom_kill"]; has {
-			m.OOMKill, m.HasOOMKill = n, true
-		}
-		m.OOM, m.Max, m.OOMGroupKill = kv["oom"], kv["max"], kv["oom_group_kill"]
+	if !ok {
+		return fmt.Errorf("memory.events: %w (the cgroup is being removed)", fs.ErrNotExist)
 	}
+	if n, has := kv["oom_kill"]; has {
+		m.OOMKill, m.HasOOMKill = n, true
+	}
+	m.OOM, m.Max, m.OOMGroupKill = kv["oom"], kv["max"], kv["oom_group_kill"]
 	for _, f := range []struct {
-		name string
-		dst  *int64
+		name     string
+		dst      *int64
+		required bool
 	}{
-		{"memory.max", &m.Limit}, // "max" reads as 0: no limit
-		{"memory.current", &m.Usage},
-		{"memory.peak", &m.Peak},
+		{"memory.max", &m.Limit, true}, // "max" reads as 0: no limit
+		{"memory.current", &m.Usage, true},
+		{"memory.peak", &m.Peak, false}, // Linux 5.19+
 	} {
-		if err := readInt(filepath.Join(dir, f.name), f.dst); err != nil {
+		if err := readInt(filepath.Join(dir, f.name), f.dst, f.required); err != nil {
 			return err
 		}
 	}
@@ -213,10 +231,14 @@ func readV2(dir string, m *Memory) error {
 }
 
 // readInt reads a file holding one integer, or "max" (read as 0). A missing
-// file leaves dst alone.
-func readInt(name string, dst *int64) error {
+// file leaves dst alone, or, when required (every kernel has it), is an error
+// wrapping fs.ErrNotExist: the cgroup is being removed.
+func readInt(name string, dst *int64, required bool) error {
 	b, err := os.ReadFile(name)
 	if errors.Is(err, fs.ErrNotExist) {
+		if required {
+			return fmt.Errorf("%s: %w (the cgroup is being removed)", filepath.Base(name), err)
+		}
 		return nil
 	}
 	if err != nil {

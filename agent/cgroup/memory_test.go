@@ -78,11 +78,33 @@ func TestRead(t *testing.T) {
 			files: map[string]string{
 				"memory/kubepods/besteffort/memory.oom_control":        "oom_kill_disable 0\nunder_oom 1\n",
 				"memory/kubepods/besteffort/memory.limit_in_bytes":     "9223372036854771712\n",
+				"memory/kubepods/besteffort/memory.usage_in_bytes":     "1048576\n",
 				"memory/kubepods/besteffort/memory.max_usage_in_bytes": "1048576\n",
+				"memory/kubepods/besteffort/memory.failcnt":            "0\n",
 			},
 			path:    "/kubepods/besteffort",
 			wantDir: "memory/kubepods/besteffort",
-			want:    Memory{Version: V1, Peak: 1048576, UnderOOM: true},
+			want:    Memory{Version: V1, Usage: 1048576, Peak: 1048576, UnderOOM: true},
+		},
+		// The kernel's rmdir removes the controller's files before the directory: a read
+		// in between found oom_kill 1 and then no failcnt (bench-beside on the lab, cgroup
+		// v1, a container removed right after its OOM kill). It read as failcnt 0, "the
+		// limit was never reached", and the limit OOM was stamped as a node OOM.
+		"v1 being removed: failcnt and the rest gone, the directory still there": {
+			files: map[string]string{
+				"memory" + containerPath + "/memory.oom_control":    "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+				"memory" + containerPath + "/memory.limit_in_bytes": "20971520\n",
+			},
+			path:    containerPath,
+			wantErr: fs.ErrNotExist,
+		},
+		"v2 being removed: memory.current gone": {
+			files: map[string]string{
+				containerPath + "/memory.events": "low 0\nhigh 0\nmax 118\noom 1\noom_kill 1\n",
+				containerPath + "/memory.max":    "20971520\n",
+			},
+			path:    containerPath,
+			wantErr: fs.ErrNotExist,
 		},
 		"v2 container with an oom.group kill": {
 			files:   v2Container,

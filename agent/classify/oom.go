@@ -80,10 +80,26 @@ type OOMFacts struct {
 	// exit); PodCounters the same for the pod's cgroup over the same time.
 	Counters    *cgroup.Delta
 	PodCounters *cgroup.Delta
+	// PodTotals are the pod cgroup's counters since the pod's cgroup was
+	// made (cgroup.Sub of zero and the reading at exit). PodCounters may
+	// miss a kill: its first reading is taken when the agent learns that the
+	// container started, which on a relisting node can be a second late, and
+	// a container that allocates fast is killed at its pod's limit before
+	// that (bench-beside on the lab: a pod-limit OOM read as "the pod's
+	// failcnt did not move"). So a counter that moved in PodCounters is
+	// evidence of a limit OOM, and only counters that stayed 0 in PodTotals
+	// are evidence that the pod's limit was never reached.
+	PodTotals *cgroup.Delta
 	// MemoryLimit is the container's memory limit in bytes (0: none or not
 	// known); PeakUsage its peak memory usage in bytes (0: not known).
 	MemoryLimit int64
 	PeakUsage   int64
+	// PodMemoryLimit and PodPeakUsage are the same of the pod's cgroup (0:
+	// none or not known). The pod's cgroup outlives its containers' (the
+	// kubelet removes it once the pod is terminal), so they are often known
+	// when the container's are not.
+	PodMemoryLimit int64
+	PodPeakUsage   int64
 
 	// Kernel are OOM kills from the kernel log around the container's life,
 	// in the order logged. Kills of other cgroups may be included:
@@ -142,18 +158,24 @@ const kernelSlack = 30 * time.Second
 //     container's main process) decides, else the last one logged.
 //  2. cgroup v2 counters (memory.events, hierarchical: a cgroup's oom counts
 //     OOMs at its own limit and at its descendants'). The container's own
-//     oom counter moved: its limit (LimitOOM). The pod's oom counter moved:
-//     a limit inside the pod (LimitOOM; a sibling container reaching its own
-//     limit at the same time as a node OOM would be mistaken for it, a rare
-//     coincidence). Neither moved, both known: the OOM was above the pod
-//     (NodeOOM).
-//  3. cgroup v1 counters. The failcnt of both the container and the pod
-//     stayed 0, so neither limit was ever reached: the OOM was above the
-//     pod (NodeOOM). A failcnt above 0 is not taken as proof of the
-//     opposite: usage reaches a limit routinely (page cache) without an OOM.
+//     oom counter moved: its limit (LimitOOM). The pod's oom counter moved
+//     during the container's life: a limit inside the pod (LimitOOM; a
+//     sibling container reaching its own limit at the same time as a node
+//     OOM would be mistaken for it, a rare coincidence). Neither ever moved
+//     (the pod's since the pod's cgroup was made, PodTotals), both known:
+//     the OOM was above the pod (NodeOOM).
+//  3. cgroup v1 counters. The failcnt of the container and, since the
+//     pod's cgroup was made, of the pod stayed 0, so neither limit was ever
+//     reached: the OOM was above the pod (NodeOOM). A failcnt above 0 is not
+//     taken as proof of the opposite: usage reaches a limit routinely (page
+//     cache) without an OOM.
 //  4. Usage at the limit. The container's peak usage reached its memory
-//     limit (within 1%): LimitOOM. Reached when the kernel's kill lines were
-//     rate limited (memcg OOM, no summary), or not read.
+//     limit (within 1%), or the pod's reached the pod's: LimitOOM. Reached
+//     when the kernel's kill lines were rate limited (memcg OOM, no summary:
+//     the kernel prints at most 10 in 5 s, for every node of a shared
+//     kernel), or not read. The pod's peak is what is left when the
+//     container's cgroup was removed before it could be read (bench-beside
+//     on the lab: 6 Jobs at a time per node, cgroup v1).
 //  5. Otherwise UnknownOOM.
 func ClassifyOOM(f OOMFacts) Verdict {
 	v := Verdict{Container: f.Container, Limit: f.MemoryLimit, Peak: f.PeakUsage}
@@ -232,9 +254,10 @@ func ClassifyOOM(f OOMFacts) Verdict {
 	}
 
 	// 2. cgroup v2 counters.
-	c, p := f.Counters, f.PodCounters
+	c, p, pt := f.Counters, f.PodCounters, f.PodTotals
 	cV2 := c != nil && c.Version == cgroup.V2
 	pV2 := p != nil && p.Version == cgroup.V2
+	ptV2 := pt != nil && pt.Version == cgroup.V2
 	switch {
 	case cV2 && c.OOM > 0:
 		v.Kind, v.KillerLevel = LimitOOM, cgroup.LevelContainer
@@ -246,14 +269,14 @@ func ClassifyOOM(f OOMFacts) Verdict {
 		v.Killer = f.PodCgroup
 		v.Basis = "cgroup v2: the pod's memory.events oom counter moved"
 		return v
-	case cV2 && pV2 && c.OOM == 0 && p.OOM == 0:
+	case cV2 && ptV2 && c.OOM == 0 && pt.OOM == 0:
 		v.Kind, v.KillerLevel = NodeOOM, cgroup.LevelOther
 		v.Basis = "cgroup v2: killed while neither the container's nor the pod's oom counter moved"
 		return v
 	}
 
 	// 3. cgroup v1 counters: failcnt 0 is proof the limit was never reached.
-	if c != nil && c.Version == cgroup.V1 && p != nil && p.Version == cgroup.V1 && c.FailCnt == 0 && p.FailCnt == 0 {
+	if c != nil && c.Version == cgroup.V1 && pt != nil && pt.Version == cgroup.V1 && c.FailCnt == 0 && pt.FailCnt == 0 {
 		v.Kind, v.KillerLevel = NodeOOM, cgroup.LevelOther
 		v.Basis = "cgroup v1: neither the container's nor the pod's memory.failcnt moved, so neither limit was reached"
 		return v
@@ -264,6 +287,12 @@ func ClassifyOOM(f OOMFacts) Verdict {
 		v.Kind, v.KillerLevel = LimitOOM, cgroup.LevelContainer
 		v.Killer = f.ContainerCgroup
 		v.Basis = "peak usage reached the container's memory limit"
+		return v
+	}
+	if atLimit(f.PodPeakUsage, f.PodMemoryLimit) {
+		v.Kind, v.KillerLevel = LimitOOM, cgroup.LevelPod
+		v.Killer, v.KillerLimit = f.PodCgroup, f.PodMemoryLimit
+		v.Basis = "the pod's peak usage reached the pod's memory limit"
 		return v
 	}
 

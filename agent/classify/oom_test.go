@@ -76,6 +76,10 @@ func withCounters(c, p *cgroup.Delta) func(*OOMFacts) {
 	return func(f *OOMFacts) { f.Counters, f.PodCounters = c, p }
 }
 
+func withPodTotals(t *cgroup.Delta) func(*OOMFacts) {
+	return func(f *OOMFacts) { f.PodTotals = t }
+}
+
 func lv(l cgroup.Level) *cgroup.Level { return &l }
 
 func TestClassifyOOM(t *testing.T) {
@@ -246,7 +250,8 @@ func TestClassifyOOM(t *testing.T) {
 		},
 		"cgroup v2: oom_kill with neither the container's nor the pod's oom counter moved": {
 			facts: facts(withCounters(&cgroup.Delta{Version: cgroup.V2, OOMKill: 1, HasOOMKill: true},
-				&cgroup.Delta{Version: cgroup.V2, OOMKill: 1, HasOOMKill: true})),
+				&cgroup.Delta{Version: cgroup.V2, OOMKill: 1, HasOOMKill: true}),
+				withPodTotals(&cgroup.Delta{Version: cgroup.V2, OOMKill: 1, HasOOMKill: true})),
 			wantKind:    NodeOOM,
 			wantMessage: "container main was killed by the node's OOM killer: neither the container nor its pod reached its memory limit",
 		},
@@ -256,9 +261,24 @@ func TestClassifyOOM(t *testing.T) {
 		},
 		"cgroup v1: failcnt 0 in the container and the pod: neither limit was reached": {
 			facts: facts(withCounters(&cgroup.Delta{Version: cgroup.V1, OOMKill: 1, HasOOMKill: true},
-				&cgroup.Delta{Version: cgroup.V1})),
+				&cgroup.Delta{Version: cgroup.V1}), withPodTotals(&cgroup.Delta{Version: cgroup.V1})),
 			wantKind:  NodeOOM,
 			wantBasis: "memory.failcnt",
+		},
+		// bench-beside on the lab (cgroup v1, containerd 1.6 and 1.7, the agent relisting):
+		// the pod's first reading came a second after the container started, after the
+		// kill at the pod's limit (the pause container's memory counts there too, so the
+		// pod's limit is reached before the container's); the pod's failcnt "did not move"
+		// since then, and the limit OOM was stamped NodeOOMKill.
+		"cgroup v1: the pod's failcnt did not move since a late first reading, but had before": {
+			facts: facts(withCounters(&cgroup.Delta{Version: cgroup.V1, OOMKill: 1, HasOOMKill: true},
+				&cgroup.Delta{Version: cgroup.V1}), withPodTotals(&cgroup.Delta{Version: cgroup.V1, FailCnt: 41})),
+			wantKind: UnknownOOM,
+		},
+		"cgroup v2: the pod's oom counter did not move since a late first reading, but had before": {
+			facts: facts(withCounters(&cgroup.Delta{Version: cgroup.V2, OOMKill: 1, HasOOMKill: true},
+				&cgroup.Delta{Version: cgroup.V2}), withPodTotals(&cgroup.Delta{Version: cgroup.V2, OOM: 1, OOMKill: 1, HasOOMKill: true})),
+			wantKind: UnknownOOM,
 		},
 		"cgroup v1: the pod's failcnt moved, which is no proof; peak below the limit": {
 			facts: facts(withPeak(12*mi), withCounters(&cgroup.Delta{Version: cgroup.V1, OOMKill: 1, HasOOMKill: true},
@@ -274,6 +294,28 @@ func TestClassifyOOM(t *testing.T) {
 		},
 		"peak usage well below the limit with a rate-limited memcg kill line: unknown": {
 			facts:    facts(withPeak(10*mi), withKernel(kmsg.OOMKill{Scope: kmsg.ScopeMemcg, PID: mainPID, Task: "python3"})),
+			wantKind: UnknownOOM,
+		},
+		// bench-beside on the lab (cgroup v1, 6 limit-OOM Jobs at a time per node): the
+		// kernel's summary lines rate limited, the container's cgroup removed before it
+		// was read; the pod's cgroup (24Mi, the sum of its one container's limit) read at
+		// the exit still says its peak reached its limit.
+		"rate-limited memcg kill line, container cgroup gone, the pod's peak at the pod's limit": {
+			facts: facts(withReason(ReasonOOMKilled), withKernel(kmsg.OOMKill{Scope: kmsg.ScopeMemcg, PID: mainPID, Task: "memhog"}),
+				func(f *OOMFacts) { f.PodMemoryLimit, f.PodPeakUsage = 20*mi, 20*mi }),
+			wantKind:    LimitOOM,
+			wantLevel:   lv(cgroup.LevelPod),
+			wantKiller:  podCg,
+			wantMessage: "container main was OOM-killed at its pod's memory limit of 20Mi (memory cgroup " + podCg + ")",
+			wantBasis:   "the pod's peak usage",
+		},
+		"the pod's peak well below the pod's limit: unknown": {
+			facts: facts(withReason(ReasonOOMKilled), withKernel(kmsg.OOMKill{Scope: kmsg.ScopeMemcg, PID: mainPID, Task: "memhog"}),
+				func(f *OOMFacts) { f.PodMemoryLimit, f.PodPeakUsage = 20*mi, 9*mi }),
+			wantKind: UnknownOOM,
+		},
+		"a pod without a limit of its own: its peak says nothing": {
+			facts:    facts(withReason(ReasonOOMKilled), func(f *OOMFacts) { f.MemoryLimit, f.PodMemoryLimit, f.PodPeakUsage = 0, 0, 300*mi }),
 			wantKind: UnknownOOM,
 		},
 		"containerd TaskOOM alone, container without a limit: unknown": {
