@@ -73,8 +73,13 @@ bench-nodeloss: build ## P3: a lab node partitioned: time to a replacement pod R
 	$(ROOT_CHECK)
 	$(GO) run ./test/bench/nodeloss $(BENCH_ARGS)
 
+.PHONY: bench-beside
+bench-beside: ## the agent beside the built-in Job controller on the lab that is up (make lab first): per node configuration 200 limit-OOM + 50 node-OOM Jobs without managedBy, decided by their onPodConditions rule vs miscounted; _output/bench/beside.json (root)
+	$(ROOT_CHECK)
+	$(GO) run ./test/bench/beside $(BENCH_ARGS)
+
 .PHONY: bench-p2
-bench-p2: ## P2 against the kubelet on the lab that is up (make lab first; never brings one up or down): per node configuration 200 exits + 50 limit OOMs (the VM node 20 + 5), finishedAt -> coroner's stamp and -> the kubelet's status, agent/kubelet/containerd RSS and CPU; _output/bench/p2.json (root, ~16 min with the VM node, ~9 without)
+bench-p2: ## P2 against the kubelet on the lab that is up (make lab first; never brings one up or down): per node configuration 200 exits + 50 limit OOMs (the VM node 20 + 5), finishedAt -> coroner's stamp and -> the kubelet's status, agent/kubelet/containerd RSS and CPU; _output/bench/p2.json (root, ~20 min with the VM node, ~13 without)
 	$(ROOT_CHECK)
 	$(GO) run ./test/bench/kubelet $(BENCH_ARGS)
 
