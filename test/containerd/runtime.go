@@ -88,23 +88,9 @@ func Debian() (Runtime, error) {
 // Built is containerd 2.x and runc as test/tools/build.sh builds them into
 // binDir/containerd2; binDir "" is $CORONER_BIN_DIR, else the repository's _output/bin.
 func Built(binDir string) (Runtime, error) {
-	if os.Geteuid() != 0 {
-		return Runtime{}, fmt.Errorf("%w: containerd and runc need root (euid %d)", ErrNotAvailable, os.Geteuid())
-	}
-	dir, err := builtDir(binDir, "containerd2")
+	r, err := builtRuntime(binDir, "containerd2", true)
 	if err != nil {
-		return Runtime{}, err
-	}
-	r := Runtime{
-		Containerd: filepath.Join(dir, "containerd"),
-		Ctr:        filepath.Join(dir, "ctr"),
-		Shim:       filepath.Join(dir, "containerd-shim-runc-v2"),
-		Runc:       filepath.Join(dir, "runc"),
-	}
-	for _, p := range []string{r.Containerd, r.Ctr, r.Shim, r.Runc} {
-		if _, err := os.Stat(p); err != nil {
-			return r, fmt.Errorf("%w: %s missing: run `make tools` (test/tools/build.sh containerd2 runc)", ErrNoBuiltRuntime, p)
-		}
+		return r, err
 	}
 	return r.identify()
 }
@@ -112,22 +98,9 @@ func Built(binDir string) (Runtime, error) {
 // Built17 is containerd 1.7 as test/tools/build.sh builds it into binDir/containerd17
 // (binDir as for Built), with Debian's runc from PATH.
 func Built17(binDir string) (Runtime, error) {
-	if os.Geteuid() != 0 {
-		return Runtime{}, fmt.Errorf("%w: containerd and runc need root (euid %d)", ErrNotAvailable, os.Geteuid())
-	}
-	dir, err := builtDir(binDir, "containerd17")
+	r, err := builtRuntime(binDir, "containerd17", false)
 	if err != nil {
-		return Runtime{}, err
-	}
-	r := Runtime{
-		Containerd: filepath.Join(dir, "containerd"),
-		Ctr:        filepath.Join(dir, "ctr"),
-		Shim:       filepath.Join(dir, "containerd-shim-runc-v2"),
-	}
-	for _, p := range []string{r.Containerd, r.Ctr, r.Shim} {
-		if _, err := os.Stat(p); err != nil {
-			return r, fmt.Errorf("%w: %s missing: run `make tools` (test/tools/build.sh containerd17)", ErrNoBuiltRuntime, p)
-		}
+		return r, err
 	}
 	if r.Runc, err = exec.LookPath("runc"); err != nil {
 		return r, fmt.Errorf("%w: runc not on PATH for containerd 1.7 (apt-get install runc)", ErrNotAvailable)
@@ -137,6 +110,36 @@ func Built17(binDir string) (Runtime, error) {
 		err = fmt.Errorf("%s says it is containerd %s, want 1.7: rebuild with test/tools/build.sh containerd17", r.Containerd, r.Version)
 	}
 	return r, err
+}
+
+// builtRuntime is the binaries test/tools/build.sh put in binDir/name (containerd, ctr,
+// the runc shim, and runc when withRunc), each checked to be there.
+func builtRuntime(binDir, name string, withRunc bool) (Runtime, error) {
+	if os.Geteuid() != 0 {
+		return Runtime{}, fmt.Errorf("%w: containerd and runc need root (euid %d)", ErrNotAvailable, os.Geteuid())
+	}
+	dir, err := builtDir(binDir, name)
+	if err != nil {
+		return Runtime{}, err
+	}
+	r := Runtime{
+		Containerd: filepath.Join(dir, "containerd"),
+		Ctr:        filepath.Join(dir, "ctr"),
+		Shim:       filepath.Join(dir, "containerd-shim-runc-v2"),
+	}
+	files := []string{r.Containerd, r.Ctr, r.Shim}
+	targets := name
+	if withRunc {
+		r.Runc = filepath.Join(dir, "runc")
+		files = append(files, r.Runc)
+		targets += " runc"
+	}
+	for _, p := range files {
+		if _, err := os.Stat(p); err != nil {
+			return r, fmt.Errorf("%w: %s missing: run `make tools` (test/tools/build.sh %s)", ErrNoBuiltRuntime, p, targets)
+		}
+	}
+	return r, nil
 }
 
 // builtDir is binDir/name; binDir "" is $CORONER_BIN_DIR, else the repository's
