@@ -47,7 +47,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
@@ -189,7 +188,7 @@ func run(ctx context.Context, o options) error {
 	}
 	names := slices.Clone(o.nodes)
 	if vm := lab.VMNode().Name; o.vm && !slices.Contains(names, vm) {
-		if n, err := cs.CoreV1().Nodes().Get(ctx, vm, metav1.GetOptions{}); err == nil && ready(n) {
+		if n, err := cs.CoreV1().Nodes().Get(ctx, vm, metav1.GetOptions{}); err == nil && measure.NodeReady(n) {
 			names = append(names, vm)
 		} else {
 			say("no VM node %s Ready in the lab: the process nodes only", vm)
@@ -255,14 +254,6 @@ func describe(ln lab.Node, n *corev1.Node) string {
 	}
 }
 
-func ready(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
 
 // bench runs one node's Jobs in its own namespace.
 type bench struct {
@@ -328,39 +319,15 @@ func (b *bench) run(ctx context.Context, r *nodeReport, limits, nodes int) error
 	return ctx.Err()
 }
 
-// watchPods follows the namespace's pods and records, per Job, the first version of its
-// pod with phase Failed and the first with a stamp (coroner.dev/OOMKilled or
-// DisruptionTarget True).
+// watchPods follows the namespace's pods (a watch that resumes where it broke) and
+// records, per Job, the first version of its pod with phase Failed and the first with a
+// stamp (coroner.dev/OOMKilled or DisruptionTarget True).
 func (b *bench) watchPods(ctx context.Context) error {
-	w, err := b.cs.CoreV1().Pods(b.ns).Watch(ctx, metav1.ListOptions{})
+	l, err := b.cs.CoreV1().Pods(b.ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return err
 	}
-	go func() {
-		defer w.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case ev, ok := <-w.ResultChan():
-				if !ok {
-					if ctx.Err() == nil {
-						say("%s: the pod watch ended; the races of the pods still running are not timed", b.node)
-					}
-					return
-				}
-				if ev.Type != watch.Added && ev.Type != watch.Modified {
-					continue
-				}
-				p, ok := ev.Object.(*corev1.Pod)
-				if !ok {
-					continue
-				}
-				b.observe(p, time.Now())
-			}
-		}
-	}()
-	return nil
+	return measure.WatchPods(ctx, b.cs, b.ns, "", l.ResourceVersion, b.observe)
 }
 
 func (b *bench) raceOf(job string) *race {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/coroner-dev/coroner/test/bench/measure"
 	"github.com/coroner-dev/coroner/test/lab"
 )
 
@@ -57,7 +58,7 @@ func run(ctx context.Context, o options) error {
 
 	names := slices.Clone(o.nodes)
 	if vm := lab.VMNode().Name; o.vm && !slices.Contains(names, vm) {
-		if n, err := cs.CoreV1().Nodes().Get(ctx, vm, metav1.GetOptions{}); err == nil && nodeReady(n) {
+		if n, err := cs.CoreV1().Nodes().Get(ctx, vm, metav1.GetOptions{}); err == nil && measure.NodeReady(n) {
 			names = append(names, vm)
 		} else {
 			say("no VM node %s Ready in the lab: the process nodes only", vm)
@@ -150,7 +151,7 @@ func prepareNode(ctx context.Context, cfg lab.Config, cs kubernetes.Interface, o
 	if err != nil {
 		return nil, err
 	}
-	if !nodeReady(kn) {
+	if !measure.NodeReady(kn) {
 		return nil, errors.New("not Ready")
 	}
 	plan := nodePlan{node: name, vm: ln.IsVM(), exits: o.exits, ooms: o.ooms, rate: o.rate, maxLive: o.maxLive, runFor: o.runFor, podTimeout: o.podTimeout}
@@ -247,15 +248,6 @@ func (n *node) sampleEvery(ctx context.Context, d time.Duration) {
 			}
 		}
 	}
-}
-
-func nodeReady(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // hostSample is this machine's CPU time at a moment, and its processes'.

@@ -10,12 +10,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
-	watchtools "k8s.io/client-go/tools/watch"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/coroner-dev/coroner/test/bench/measure"
 )
 
 // record is one bench pod as the bench saw it. The times are this machine's; finishedAt
@@ -92,32 +91,7 @@ func (t *tracker) observe(p *corev1.Pod, at time.Time) {
 // watchPods follows the bench's pods from resourceVersion rv until ctx ends, with a
 // watch that resumes where it broke.
 func watchPods(ctx context.Context, cs kubernetes.Interface, ns, rv string, t *tracker) error {
-	lw := &cache.ListWatch{WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-		o.LabelSelector = benchLabel
-		return cs.CoreV1().Pods(ns).Watch(ctx, o)
-	}}
-	w, err := watchtools.NewRetryWatcherWithContext(ctx, rv, lw)
-	if err != nil {
-		return err
-	}
-	go func() {
-		defer w.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case ev, ok := <-w.ResultChan():
-				if !ok {
-					return
-				}
-				at := time.Now()
-				if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type != watch.Deleted {
-					t.observe(p, at)
-				}
-			}
-		}
-	}()
-	return nil
+	return measure.WatchPods(ctx, cs, ns, benchLabel, rv, t.observe)
 }
 
 // nodePlan is what runs on one node.
