@@ -152,7 +152,7 @@ type jobResult struct {
 	Kind kind   `json:"kind"`
 	// Verdict: "rule0" (OOMKilled), "rule1" (DisruptionTarget), "counted" (an ordinary
 	// failure: BackoffLimitExceeded), "no-oom" (the pod was not OOM-killed: the run's
-	// fault, left out of the counts), or "timeout".
+	// fault), "timeout", or "interrupted" (the run was stopped: left out of the table).
 	Verdict string `json:"verdict"`
 	// Order: "stamp-first", "same-write", "failed-first" (the stamp came later),
 	// "no-stamp".
@@ -220,9 +220,7 @@ func run(ctx context.Context, o options) error {
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
+	// What was measured is kept when the run was cut short (an interrupt, a node's error).
 	printTable(reports)
 	if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
 		return err
@@ -232,6 +230,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	say("results in %s (%s)", o.out, time.Since(began).Round(time.Second))
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
 	for _, r := range reports {
 		for _, j := range r.Jobs {
 			if j.Verdict == "counted" || j.Verdict == "timeout" {
@@ -253,7 +254,6 @@ func describe(ln lab.Node, n *corev1.Node) string {
 		return rt + ", relist"
 	}
 }
-
 
 // bench runs one node's Jobs in its own namespace.
 type bench struct {
@@ -312,6 +312,22 @@ func (b *bench) run(ctx context.Context, r *nodeReport, limits, nodes int) error
 	for i := range nodes {
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		// A node the kubelet says is under memory pressure refuses new pods (for its
+		// pressure transition period, 5 minutes): wait it out rather than lose a Job.
+		if err := lab.Poll(ctx, 10*time.Minute, b.node+" without MemoryPressure", func() (bool, error) {
+			n, err := b.cs.CoreV1().Nodes().Get(ctx, b.node, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			for _, c := range n.Status.Conditions {
+				if c.Type == corev1.NodeMemoryPressure && c.Status == corev1.ConditionTrue {
+					return false, nil
+				}
+			}
+			return true, nil
+		}); err != nil {
+			return err
 		}
 		r.Jobs = append(r.Jobs, b.one(ctx, fmt.Sprintf("node-%03d", i), nodeOOM))
 	}
@@ -400,6 +416,10 @@ func (b *bench) one(ctx context.Context, name string, k kind) jobResult {
 		return false, nil
 	})
 	r := b.raceOf(name)
+	if err != nil && ctx.Err() != nil {
+		res.Verdict = "interrupted"
+		return res
+	}
 	if err != nil {
 		res.Verdict, res.Message = "timeout", strings.TrimSpace(res.Message+" "+err.Error())
 		return res
@@ -442,7 +462,9 @@ func (b *bench) one(ctx context.Context, name string, k kind) jobResult {
 	if res.Verdict == "" {
 		res.Verdict = "other"
 	}
-	if res.Verdict == "counted" && !b.podOOMKilled(ctx, name) {
+	if !b.podOOMKilled(ctx, name) {
+		// Rejected or evicted by the kubelet (MemoryPressure), or never squeezed: no OOM
+		// kill, so no race to judge.
 		res.Verdict = "no-oom"
 	}
 	_ = b.cs.BatchV1().Jobs(b.ns).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
@@ -476,6 +498,9 @@ func (b *bench) squeezeNode(ctx context.Context, job string) error {
 			return false, nil
 		}
 		pod = &pods.Items[0]
+		if pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+			return false, fmt.Errorf("pod %s ended %s before it ran (%s)", pod.Name, pod.Status.Phase, pod.Status.Message)
+		}
 		return pod.Status.Phase == corev1.PodRunning, nil
 	})
 	if err != nil {
@@ -542,7 +567,7 @@ func printTable(reports []*nodeReport) {
 			var leads []time.Duration
 			want := map[kind]string{limitOOM: "rule0", nodeOOM: "rule1"}[k]
 			for _, j := range r.Jobs {
-				if j.Kind != k {
+				if j.Kind != k || j.Verdict == "interrupted" {
 					continue
 				}
 				n++
