@@ -295,6 +295,7 @@ func (b *bench) run(ctx context.Context, r *nodeReport, limits, nodes int) error
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
+			wg.Wait()
 			return ctx.Err()
 		}
 		wg.Add(1)
