@@ -69,6 +69,7 @@ type options struct {
 	vmLimit    int
 	vmNode     int
 	parallel   int
+	vmParallel int
 	namespace  string
 	out        string
 	jobTimeout time.Duration
@@ -76,7 +77,7 @@ type options struct {
 
 func main() {
 	o := options{nodes: []string{"lab-node-1", "lab-node-2", "lab-node-3"}, vm: true,
-		limitOOMs: 200, nodeOOMs: 50, vmLimit: 200, vmNode: 50, parallel: 6,
+		limitOOMs: 200, nodeOOMs: 50, vmLimit: 200, vmNode: 50, parallel: 6, vmParallel: 2,
 		namespace: "bench-beside", out: "_output/bench/beside.json", jobTimeout: 3 * time.Minute}
 	fs := flag.NewFlagSet("beside", flag.ContinueOnError)
 	fs.Usage = func() {
@@ -97,10 +98,11 @@ func main() {
 	fs.IntVar(&o.nodeOOMs, "node-ooms", o.nodeOOMs, "node-OOM Jobs per process node (one at a time)")
 	fs.IntVar(&o.vmLimit, "vm-limit-ooms", o.vmLimit, "limit-OOM Jobs on the VM node")
 	fs.IntVar(&o.vmNode, "vm-node-ooms", o.vmNode, "node-OOM Jobs on the VM node")
-	fs.IntVar(&o.parallel, "parallel", o.parallel, "limit-OOM Jobs running at once per node")
+	fs.IntVar(&o.parallel, "parallel", o.parallel, "limit-OOM Jobs running at once per process node")
+	fs.IntVar(&o.vmParallel, "vm-parallel", o.vmParallel, "limit-OOM Jobs running at once on the VM node (TCG: at 6 its kubelet took over 3 min to report a pod Failed)")
 	fs.StringVar(&o.namespace, "namespace", o.namespace, "namespace prefix (one namespace per node, made fresh, deleted after)")
 	fs.StringVar(&o.out, "out", o.out, "where to write the results (JSON)")
-	fs.DurationVar(&o.jobTimeout, "job-timeout", o.jobTimeout, "longest wait for one Job to finish")
+	fs.DurationVar(&o.jobTimeout, "job-timeout", o.jobTimeout, "longest wait for one Job to finish (4 times this on the VM node)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
@@ -108,8 +110,8 @@ func main() {
 	if o.limitOOMs < 0 || o.nodeOOMs < 0 || o.vmLimit < 0 || o.vmNode < 0 {
 		errs = append(errs, errors.New("counts must be >= 0"))
 	}
-	if o.parallel < 1 {
-		errs = append(errs, fmt.Errorf("-parallel=%d: need at least 1", o.parallel))
+	if o.parallel < 1 || o.vmParallel < 1 {
+		errs = append(errs, fmt.Errorf("-parallel=%d -vm-parallel=%d: need at least 1", o.parallel, o.vmParallel))
 	}
 	if len(o.nodes) == 0 && !o.vm {
 		errs = append(errs, errors.New("no nodes: -nodes is empty and -vm=false"))
@@ -215,7 +217,11 @@ func run(ctx context.Context, o options) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			b := &bench{cfg: cfg, cs: cs, o: o, node: name, vm: ln.IsVM(), ns: o.namespace + "-" + name}
+			b := &bench{cfg: cfg, cs: cs, o: o, node: name, vm: ln.IsVM(), ns: o.namespace + "-" + name,
+				parallel: o.parallel, jobTimeout: o.jobTimeout}
+			if ln.IsVM() {
+				b.parallel, b.jobTimeout = o.vmParallel, 4*o.jobTimeout
+			}
 			errs[i] = b.run(ctx, r, limits, nodes)
 		}()
 	}
@@ -263,6 +269,9 @@ type bench struct {
 	node string
 	vm   bool
 	ns   string
+	// parallel and jobTimeout are the node's: the VM node's are its own.
+	parallel   int
+	jobTimeout time.Duration
 
 	mu   sync.Mutex
 	pods map[string]*race // by Job name
@@ -287,9 +296,9 @@ func (b *bench) run(ctx context.Context, r *nodeReport, limits, nodes int) error
 	if err := b.watchPods(wctx); err != nil {
 		return err
 	}
-	say("%s: %d limit-OOM Jobs (%d at a time), then %d node-OOM Jobs", b.node, limits, b.o.parallel, nodes)
+	say("%s: %d limit-OOM Jobs (%d at a time), then %d node-OOM Jobs", b.node, limits, b.parallel, nodes)
 	var mu sync.Mutex
-	sem := make(chan struct{}, b.o.parallel)
+	sem := make(chan struct{}, b.parallel)
 	var wg sync.WaitGroup
 	for i := range limits {
 		select {
@@ -403,7 +412,7 @@ func (b *bench) one(ctx context.Context, name string, k kind) jobResult {
 		}
 	}
 	var done *batchv1.Job
-	err := lab.Poll(ctx, b.o.jobTimeout, "Job "+name+" to finish", func() (bool, error) {
+	err := lab.Poll(ctx, b.jobTimeout, "Job "+name+" to finish", func() (bool, error) {
 		got, err := b.cs.BatchV1().Jobs(b.ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -493,7 +502,7 @@ func (b *bench) podOOMKilled(ctx context.Context, job string) bool {
 // kubepods cgroup until the kernel kills it.
 func (b *bench) squeezeNode(ctx context.Context, job string) error {
 	var pod *corev1.Pod
-	err := lab.Poll(ctx, b.o.jobTimeout, "the pod of "+job+" to run", func() (bool, error) {
+	err := lab.Poll(ctx, b.jobTimeout, "the pod of "+job+" to run", func() (bool, error) {
 		pods, err := b.cs.CoreV1().Pods(b.ns).List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + job})
 		if err != nil || len(pods.Items) == 0 {
 			return false, nil
