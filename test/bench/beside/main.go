@@ -33,13 +33,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -84,15 +82,7 @@ func main() {
 		fmt.Fprint(fs.Output(), "Usage: go run ./test/bench/beside [flags]\n\nThe agent beside the built-in Job controller, on the lab that is up: OOM Jobs without\nmanagedBy whose podFailurePolicy rules match only the agent's stamps; how many each rule\ndecided vs how many the built-in controller counted as ordinary failures. Root.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	fs.Func("nodes", "comma-separated process nodes (default "+strings.Join(o.nodes, ",")+"; empty: none)", func(s string) error {
-		o.nodes = nil
-		for _, n := range strings.Split(s, ",") {
-			if n = strings.TrimSpace(n); n != "" {
-				o.nodes = append(o.nodes, n)
-			}
-		}
-		return nil
-	})
+	measure.NodesFlag(fs, &o.nodes, "comma-separated process nodes")
 	fs.BoolVar(&o.vm, "vm", o.vm, "also the VM node, when the lab has it Ready")
 	fs.IntVar(&o.limitOOMs, "limit-ooms", o.limitOOMs, "limit-OOM Jobs per process node")
 	fs.IntVar(&o.nodeOOMs, "node-ooms", o.nodeOOMs, "node-OOM Jobs per process node (one at a time)")
@@ -120,20 +110,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench-beside:", err)
 		os.Exit(2)
 	}
-	if os.Geteuid() != 0 {
-		fail(errors.New("root is needed (node OOMs lower the nodes' kubepods cgroup limits)"))
-	}
-	measure.QuietKlog("", 0)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, o); err != nil {
-		fail(err)
-	}
-}
-
-func fail(err error) {
-	fmt.Fprintln(os.Stderr, "bench-beside:", err)
-	os.Exit(1)
+	measure.Main("bench-beside", "node OOMs lower the nodes' kubepods cgroup limits", func(ctx context.Context) error { return run(ctx, o) })
 }
 
 func say(format string, args ...any) {
@@ -174,27 +151,13 @@ type nodeReport struct {
 
 func run(ctx context.Context, o options) error {
 	began := time.Now()
-	cfg, err := lab.DefaultConfig()
+	cfg, cs, err := measure.UpLab(ctx)
 	if err != nil {
 		return err
 	}
-	cfg.Out = os.Stderr
-	if up, err := cfg.IsUp(ctx); err != nil {
-		return err
-	} else if !up {
-		return errors.New("the lab is not up (make lab; this bench never brings one up or down)")
-	}
-	cs, err := cfg.Clientset()
-	if err != nil {
-		return err
-	}
-	names := slices.Clone(o.nodes)
-	if vm := lab.VMNode().Name; o.vm && !slices.Contains(names, vm) {
-		if n, err := cs.CoreV1().Nodes().Get(ctx, vm, metav1.GetOptions{}); err == nil && measure.NodeReady(n) {
-			names = append(names, vm)
-		} else {
-			say("no VM node %s Ready in the lab: the process nodes only", vm)
-		}
+	names, note := measure.WithVMNode(ctx, cs, o.nodes, o.vm)
+	if note != "" {
+		say("%s", note)
 	}
 	reports := make([]*nodeReport, len(names))
 	var wg sync.WaitGroup

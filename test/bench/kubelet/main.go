@@ -50,9 +50,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/coroner-dev/coroner/test/bench/measure"
@@ -91,16 +88,7 @@ func defaultOptions() options {
 }
 
 func (o *options) flags(fs *flag.FlagSet) {
-	nodes := strings.Join(o.nodes, ",")
-	fs.Func("nodes", "comma-separated process nodes to run on (default "+nodes+")", func(s string) error {
-		o.nodes = nil
-		for n := range strings.SplitSeq(s, ",") {
-			if n = strings.TrimSpace(n); n != "" {
-				o.nodes = append(o.nodes, n)
-			}
-		}
-		return nil
-	})
+	measure.NodesFlag(fs, &o.nodes, "comma-separated process nodes to run on")
 	fs.BoolVar(&o.vm, "vm", o.vm, "also run on the VM node lab-node-4 when the lab has it")
 	fs.IntVar(&o.exits, "exits", o.exits, "container exits per process node")
 	fs.IntVar(&o.ooms, "ooms", o.ooms, "limit OOM kills per process node")
@@ -155,18 +143,5 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench-p2:", err)
 		os.Exit(2)
 	}
-	if os.Geteuid() != 0 {
-		fail(errors.New("root is needed (the nodes' containerd sockets and /proc)"))
-	}
-	measure.QuietKlog("", 0)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, o); err != nil {
-		fail(err)
-	}
-}
-
-func fail(err error) {
-	fmt.Fprintln(os.Stderr, "bench-p2:", err)
-	os.Exit(1)
+	measure.Main("bench-p2", "the nodes' containerd sockets and /proc", func(ctx context.Context) error { return run(ctx, o) })
 }

@@ -35,19 +35,7 @@ type node struct {
 
 func run(ctx context.Context, o options) error {
 	began := time.Now()
-	cfg, err := lab.DefaultConfig()
-	if err != nil {
-		return err
-	}
-	cfg.Out = os.Stderr
-	up, err := cfg.IsUp(ctx)
-	if err != nil {
-		return err
-	}
-	if !up {
-		return errors.New("the lab is not up (make lab; this bench never brings one up or down)")
-	}
-	cs, err := cfg.Clientset()
+	cfg, cs, err := measure.UpLab(ctx)
 	if err != nil {
 		return err
 	}
@@ -56,13 +44,9 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("-memory-limit: %w", err)
 	}
 
-	names := slices.Clone(o.nodes)
-	if vm := lab.VMNode().Name; o.vm && !slices.Contains(names, vm) {
-		if n, err := cs.CoreV1().Nodes().Get(ctx, vm, metav1.GetOptions{}); err == nil && measure.NodeReady(n) {
-			names = append(names, vm)
-		} else {
-			say("no VM node %s Ready in the lab: the process nodes only", vm)
-		}
+	names, note := measure.WithVMNode(ctx, cs, o.nodes, o.vm)
+	if note != "" {
+		say("%s", note)
 	}
 
 	if err := lab.FreshNamespace(ctx, cs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.namespace}}, 3*time.Minute); err != nil {
