@@ -87,9 +87,8 @@ func TestRead(t *testing.T) {
 			want:    Memory{Version: V1, Usage: 1048576, Peak: 1048576, UnderOOM: true},
 		},
 		// The kernel's rmdir removes the controller's files before the directory: a read
-		// in between found oom_kill 1 and then no failcnt (bench-beside on the lab, cgroup
-		// v1, a container removed right after its OOM kill). It read as failcnt 0, "the
-		// limit was never reached", and the limit OOM was stamped as a node OOM.
+		// in between finds oom_kill 1 and then no failcnt (constructed: the window is
+		// short). It used to read as failcnt 0, peak 0: "the limit was never reached".
 		"v1 being removed: failcnt and the rest gone, the directory still there": {
 			files: map[string]string{
 				"memory" + containerPath + "/memory.oom_control":    "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",

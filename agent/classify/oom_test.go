@@ -296,10 +296,11 @@ func TestClassifyOOM(t *testing.T) {
 			facts:    facts(withPeak(10*mi), withKernel(kmsg.OOMKill{Scope: kmsg.ScopeMemcg, PID: mainPID, Task: "python3"})),
 			wantKind: UnknownOOM,
 		},
-		// bench-beside on the lab (cgroup v1, 6 limit-OOM Jobs at a time per node): the
-		// kernel's summary lines rate limited, the container's cgroup removed before it
-		// was read; the pod's cgroup (24Mi, the sum of its one container's limit) read at
-		// the exit still says its peak reached its limit.
+		// Constructed from bench-beside's unplaced kills on the lab (cgroup v1, 6 limit-OOM
+		// Jobs at a time per node): the kernel's summary lines rate limited and no reading
+		// of the container's cgroup; the pod's cgroup (24Mi, the sum of its one
+		// container's limit), which lives until the pod is terminal, says its peak reached
+		// its limit.
 		"rate-limited memcg kill line, container cgroup gone, the pod's peak at the pod's limit": {
 			facts: facts(withReason(ReasonOOMKilled), withKernel(kmsg.OOMKill{Scope: kmsg.ScopeMemcg, PID: mainPID, Task: "memhog"}),
 				func(f *OOMFacts) { f.PodMemoryLimit, f.PodPeakUsage = 20*mi, 20*mi }),
