@@ -32,6 +32,12 @@ func TestNamespaceOptIn(t *testing.T) {
 	if _, err := suite.cs.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("labelling namespace %s: %v", ns, err)
 	}
+	// The label takes effect once the API server's admission has seen it (README).
+	took, err := lab.WaitOptIn(ctx, suite.cs, ns, true, 30*time.Second)
+	if err != nil {
+		t.Fatalf("the label coroner.dev/jobs=managed on namespace %s: %v", ns, err)
+	}
+	t.Logf("the opt-in applied %v after the label", took.Round(time.Millisecond))
 
 	exit3 := func(name string) *batchv1.Job {
 		return wrappers.MakeJob(name, ns).TerminationGracePeriodSeconds(1).BackoffLimit(6).

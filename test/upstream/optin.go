@@ -6,12 +6,10 @@ import (
 	"time"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
-	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/test/lab"
 )
@@ -90,29 +88,11 @@ func (o optIn) waitApplied(ctx context.Context, want bool) error {
 		Name:   probeNamespace,
 		Labels: map[string]string{e2eNamespaceLabel: e2eNamespaceBase},
 	}}
-	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Name: "probe"},
-		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
-			RestartPolicy: corev1.RestartPolicyNever,
-			Containers:    []corev1.Container{{Name: "c", Image: "busybox:local"}},
-		}}},
+	if _, err := o.cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("the probe namespace %s: %w", probeNamespace, err)
 	}
-	var got string
-	err := lab.Poll(ctx, time.Minute, fmt.Sprintf("the API server to apply binding %s: %v", e2eBinding, want), func() (bool, error) {
-		if _, err := o.cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			got = err.Error()
-			return false, nil
-		}
-		j, err := o.cs.BatchV1().Jobs(probeNamespace).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err != nil {
-			got = err.Error()
-			return false, nil
-		}
-		got = ptr.Deref(j.Spec.ManagedBy, "")
-		return (got == shimName) == want, nil
-	})
-	if err != nil {
-		return fmt.Errorf("%w (last: managedBy %q)", err, got)
+	if _, err := lab.WaitOptIn(ctx, o.cs, probeNamespace, want, time.Minute); err != nil {
+		return fmt.Errorf("binding %s: %w", e2eBinding, err)
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/harness"
+	"github.com/coroner-dev/coroner/test/lab"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
@@ -63,24 +64,11 @@ func labelNamespace(t *testing.T, admin kubernetes.Interface, ns, value string) 
 }
 
 // waitOptIn waits until a Job created (dry run) in ns without managedBy comes back with
-// coroner.dev/shim (want true) or without managedBy (want false). The admission plugin
-// reads policies, bindings and namespace labels through informers, so a change is seen
-// by requests a moment later.
+// coroner.dev/shim (want true) or without managedBy (want false): lab.WaitOptIn.
 func waitOptIn(t *testing.T, admin kubernetes.Interface, ns string, want bool) {
 	t.Helper()
-	err := eventually(30*time.Second, func() error {
-		job, err := admin.BatchV1().Jobs(ns).Create(context.Background(), wrappers.MakeJob("probe", ns).Obj(),
-			metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err != nil {
-			return err
-		}
-		if got := job.Spec.ManagedBy != nil; got != want {
-			return fmt.Errorf("a Job without managedBy in namespace %s comes back with managedBy %q", ns, ptr.Deref(job.Spec.ManagedBy, ""))
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("want handed to coroner: %v: %v", want, err)
+	if _, err := lab.WaitOptIn(context.Background(), admin, ns, want, 30*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 
