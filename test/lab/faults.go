@@ -474,7 +474,7 @@ func (c Config) RunUnknownContainer(ctx context.Context, node, name string, exit
 		Labels:       labels,
 		LogDirectory: logDir,
 		Linux: &runtimeapi.LinuxPodSandboxConfig{
-			CgroupParent: "/" + filepath.Join(n.Cgroup(), "kubepods", "besteffort", "pod"+u.PodUID),
+			CgroupParent: "/" + unknownPodCgroup(n, u.PodUID),
 		},
 	}
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -527,11 +527,21 @@ func (c Config) RemoveUnknownContainer(ctx context.Context, u UnknownContainer) 
 	defer cancel()
 	_, err1 := cri.runtime.StopPodSandbox(cctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: u.SandboxID})
 	_, err2 := cri.runtime.RemovePodSandbox(cctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: u.SandboxID})
-	for _, d := range host.CgroupDirs(filepath.Join(n.Cgroup(), "kubepods", "besteffort", "pod"+u.PodUID)) {
+	for _, d := range host.CgroupDirs(unknownPodCgroup(n, u.PodUID)) {
 		_ = os.Remove(d)
+		_ = os.Remove(filepath.Dir(d)) // coroner-chaos-unknown, once empty
 	}
 	err3 := os.RemoveAll(c.unknownLogDir(n, u.PodUID))
 	return errors.Join(err1, err2, err3)
+}
+
+// unknownPodCgroup is the cgroup of an unknown pod: beside the node's kubepods, not under
+// it. The kubelet's housekeeping removes pod cgroups under kubepods whose pod it does not
+// know (cleanupOrphanedPodCgroups, every 2 s, killing what runs there): a CI run's fault
+// suite lost its unknown container on the containerd 1.6 node that way, runc failing to
+// start it ("can't get final child's PID from pipe: EOF").
+func unknownPodCgroup(n Node, podUID string) string {
+	return filepath.Join(n.Cgroup(), "coroner-chaos-unknown", "pod"+podUID)
 }
 
 // unknownLogDir is the log directory of an unknown pod's sandbox.
