@@ -45,30 +45,7 @@ func types(evs []*runtimeapi.ContainerEventResponse) string {
 // and records until the test ends.
 func subscribe(t *testing.T, env *containerd.Env) *streamRecorder {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := env.Runtime.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
-	if err != nil {
-		cancel()
-		t.Fatalf("GetContainerEvents: %v", err)
-	}
-	r := &streamRecorder{}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			ev, err := stream.Recv()
-			r.mu.Lock()
-			if err != nil {
-				r.err = err
-				r.mu.Unlock()
-				return
-			}
-			r.events = append(r.events, ev)
-			r.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return r
+	return subscribeCtx(context.Background(), t, env)
 }
 
 // TestContainerdV2EventStream records what containerd 2.x's CRI GetContainerEvents really
@@ -365,13 +342,15 @@ func testSharedEventChannel(ctx context.Context, t *testing.T, env *containerd.E
 func subscribeCtx(ctx context.Context, t *testing.T, env *containerd.Env) *streamRecorder {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
-	t.Cleanup(cancel)
 	stream, err := env.Runtime.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
 	if err != nil {
+		cancel()
 		t.Fatalf("GetContainerEvents: %v", err)
 	}
 	r := &streamRecorder{}
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		for {
 			ev, err := stream.Recv()
 			r.mu.Lock()
@@ -384,5 +363,6 @@ func subscribeCtx(ctx context.Context, t *testing.T, env *containerd.Env) *strea
 			r.mu.Unlock()
 		}
 	}()
+	t.Cleanup(func() { cancel(); <-done })
 	return r
 }
