@@ -79,7 +79,7 @@ bench-beside: ## the agent beside the built-in Job controller on the lab that is
 	$(GO) run ./test/bench/beside $(BENCH_ARGS)
 
 .PHONY: bench-p2
-bench-p2: ## P2 against the kubelet on the lab that is up (make lab first; never brings one up or down): per node configuration 200 exits + 50 limit OOMs (the VM node 20 + 5), finishedAt -> coroner's stamp and -> the kubelet's status, agent/kubelet/containerd RSS and CPU; _output/bench/p2.json (root, ~20 min with the VM node, ~13 without)
+bench-p2: ## P2 against the kubelet on the lab that is up (make lab first; never brings one up or down): per node configuration 200 exits + 50 limit OOMs (the VM node 20 + 5), finishedAt -> coroner's stamp and -> the kubelet's status, agent/kubelet/containerd RSS and CPU; _output/bench/p2.json (root; measured on two process nodes: ~16 min with the VM node, ~9 without; lab-node-3, now a default, adds a third)
 	$(ROOT_CHECK)
 	$(GO) run ./test/bench/kubelet $(BENCH_ARGS)
 
