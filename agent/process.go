@@ -299,11 +299,7 @@ func (a *Agent) factsLocked(c *container, kind itemKind) classify.OOMFacts {
 		d := cgroup.Sub(*c.podAtStart, *c.podLast)
 		f.PodCounters = &d
 	}
-	if c.podLast != nil {
-		t := cgroup.Sub(cgroup.Memory{}, *c.podLast)
-		f.PodTotals = &t
-		f.PodMemoryLimit, f.PodPeakUsage = c.podLast.Limit, c.podLast.Peak
-	}
+	f.Pod = c.podLast
 	return f
 }
 

@@ -80,26 +80,23 @@ type OOMFacts struct {
 	// exit); PodCounters the same for the pod's cgroup over the same time.
 	Counters    *cgroup.Delta
 	PodCounters *cgroup.Delta
-	// PodTotals are the pod cgroup's counters since the pod's cgroup was
-	// made (cgroup.Sub of zero and the reading at exit). PodCounters may
-	// miss a kill: its first reading is taken when the agent learns that the
+	// Pod is the pod cgroup's reading at the exit (nil: not read). Its
+	// counters count since the pod's cgroup was made. PodCounters may miss a
+	// kill: its first reading is taken when the agent learns that the
 	// container started, which on a relisting node can be a second late, and
 	// a container that allocates fast is killed at its pod's limit before
 	// that (bench-beside on the lab: a pod-limit OOM read as "the pod's
 	// failcnt did not move"). So a counter that moved in PodCounters is
-	// evidence of a limit OOM, and only counters that stayed 0 in PodTotals
-	// are evidence that the pod's limit was never reached.
-	PodTotals *cgroup.Delta
+	// evidence of a limit OOM, and only counters of Pod that are still 0 are
+	// evidence that the pod's limit was never reached. Its limit and peak
+	// place a kill whose container cgroup could not be read (the pod's
+	// cgroup outlives its containers': the kubelet removes it once the pod
+	// is terminal).
+	Pod *cgroup.Memory
 	// MemoryLimit is the container's memory limit in bytes (0: none or not
 	// known); PeakUsage its peak memory usage in bytes (0: not known).
 	MemoryLimit int64
 	PeakUsage   int64
-	// PodMemoryLimit and PodPeakUsage are the same of the pod's cgroup (0:
-	// none or not known). The pod's cgroup outlives its containers' (the
-	// kubelet removes it once the pod is terminal), so they are often known
-	// when the container's are not.
-	PodMemoryLimit int64
-	PodPeakUsage   int64
 
 	// Kernel are OOM kills from the kernel log around the container's life,
 	// in the order logged. Kills of other cgroups may be included:
@@ -162,7 +159,7 @@ const kernelSlack = 30 * time.Second
 //     during the container's life: a limit inside the pod (LimitOOM; a
 //     sibling container reaching its own limit at the same time as a node
 //     OOM would be mistaken for it, a rare coincidence). Neither ever moved
-//     (the pod's since the pod's cgroup was made, PodTotals), both known:
+//     (the pod's since the pod's cgroup was made, Pod), both known:
 //     the OOM was above the pod (NodeOOM).
 //  3. cgroup v1 counters. The failcnt of the container and, since the
 //     pod's cgroup was made, of the pod stayed 0, so neither limit was ever
@@ -254,7 +251,12 @@ func ClassifyOOM(f OOMFacts) Verdict {
 	}
 
 	// 2. cgroup v2 counters.
-	c, p, pt := f.Counters, f.PodCounters, f.PodTotals
+	c, p := f.Counters, f.PodCounters
+	var pt *cgroup.Delta // the pod's counters since its cgroup was made
+	if f.Pod != nil {
+		d := cgroup.Sub(cgroup.Memory{}, *f.Pod)
+		pt = &d
+	}
 	cV2 := c != nil && c.Version == cgroup.V2
 	pV2 := p != nil && p.Version == cgroup.V2
 	ptV2 := pt != nil && pt.Version == cgroup.V2
@@ -289,9 +291,9 @@ func ClassifyOOM(f OOMFacts) Verdict {
 		v.Basis = "peak usage reached the container's memory limit"
 		return v
 	}
-	if atLimit(f.PodPeakUsage, f.PodMemoryLimit) {
+	if f.Pod != nil && atLimit(f.Pod.Peak, f.Pod.Limit) {
 		v.Kind, v.KillerLevel = LimitOOM, cgroup.LevelPod
-		v.Killer, v.KillerLimit = f.PodCgroup, f.PodMemoryLimit
+		v.Killer, v.KillerLimit = f.PodCgroup, f.Pod.Limit
 		v.Basis = "the pod's peak usage reached the pod's memory limit"
 		return v
 	}

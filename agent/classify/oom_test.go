@@ -76,8 +76,8 @@ func withCounters(c, p *cgroup.Delta) func(*OOMFacts) {
 	return func(f *OOMFacts) { f.Counters, f.PodCounters = c, p }
 }
 
-func withPodTotals(t *cgroup.Delta) func(*OOMFacts) {
-	return func(f *OOMFacts) { f.PodTotals = t }
+func withPod(m *cgroup.Memory) func(*OOMFacts) {
+	return func(f *OOMFacts) { f.Pod = m }
 }
 
 func lv(l cgroup.Level) *cgroup.Level { return &l }
@@ -251,7 +251,7 @@ func TestClassifyOOM(t *testing.T) {
 		"cgroup v2: oom_kill with neither the container's nor the pod's oom counter moved": {
 			facts: facts(withCounters(&cgroup.Delta{Version: cgroup.V2, OOMKill: 1, HasOOMKill: true},
 				&cgroup.Delta{Version: cgroup.V2, OOMKill: 1, HasOOMKill: true}),
-				withPodTotals(&cgroup.Delta{Version: cgroup.V2, OOMKill: 1, HasOOMKill: true})),
+				withPod(&cgroup.Memory{Version: cgroup.V2, OOMKill: 1, HasOOMKill: true})),
 			wantKind:    NodeOOM,
 			wantMessage: "container main was killed by the node's OOM killer: neither the container nor its pod reached its memory limit",
 		},
@@ -261,7 +261,7 @@ func TestClassifyOOM(t *testing.T) {
 		},
 		"cgroup v1: failcnt 0 in the container and the pod: neither limit was reached": {
 			facts: facts(withCounters(&cgroup.Delta{Version: cgroup.V1, OOMKill: 1, HasOOMKill: true},
-				&cgroup.Delta{Version: cgroup.V1}), withPodTotals(&cgroup.Delta{Version: cgroup.V1})),
+				&cgroup.Delta{Version: cgroup.V1}), withPod(&cgroup.Memory{Version: cgroup.V1})),
 			wantKind:  NodeOOM,
 			wantBasis: "memory.failcnt",
 		},
@@ -272,12 +272,12 @@ func TestClassifyOOM(t *testing.T) {
 		// since then, and the limit OOM was stamped NodeOOMKill.
 		"cgroup v1: the pod's failcnt did not move since a late first reading, but had before": {
 			facts: facts(withCounters(&cgroup.Delta{Version: cgroup.V1, OOMKill: 1, HasOOMKill: true},
-				&cgroup.Delta{Version: cgroup.V1}), withPodTotals(&cgroup.Delta{Version: cgroup.V1, FailCnt: 41})),
+				&cgroup.Delta{Version: cgroup.V1}), withPod(&cgroup.Memory{Version: cgroup.V1, FailCnt: 41})),
 			wantKind: UnknownOOM,
 		},
 		"cgroup v2: the pod's oom counter did not move since a late first reading, but had before": {
 			facts: facts(withCounters(&cgroup.Delta{Version: cgroup.V2, OOMKill: 1, HasOOMKill: true},
-				&cgroup.Delta{Version: cgroup.V2}), withPodTotals(&cgroup.Delta{Version: cgroup.V2, OOM: 1, OOMKill: 1, HasOOMKill: true})),
+				&cgroup.Delta{Version: cgroup.V2}), withPod(&cgroup.Memory{Version: cgroup.V2, OOM: 1, OOMKill: 1, HasOOMKill: true})),
 			wantKind: UnknownOOM,
 		},
 		"cgroup v1: the pod's failcnt moved, which is no proof; peak below the limit": {
@@ -303,7 +303,7 @@ func TestClassifyOOM(t *testing.T) {
 		// its limit.
 		"rate-limited memcg kill line, container cgroup gone, the pod's peak at the pod's limit": {
 			facts: facts(withReason(ReasonOOMKilled), withKernel(kmsg.OOMKill{Scope: kmsg.ScopeMemcg, PID: mainPID, Task: "memhog"}),
-				func(f *OOMFacts) { f.PodMemoryLimit, f.PodPeakUsage = 20*mi, 20*mi }),
+				withPod(&cgroup.Memory{Version: cgroup.V1, Limit: 20 * mi, Peak: 20 * mi, FailCnt: 12})),
 			wantKind:    LimitOOM,
 			wantLevel:   lv(cgroup.LevelPod),
 			wantKiller:  podCg,
@@ -312,11 +312,11 @@ func TestClassifyOOM(t *testing.T) {
 		},
 		"the pod's peak well below the pod's limit: unknown": {
 			facts: facts(withReason(ReasonOOMKilled), withKernel(kmsg.OOMKill{Scope: kmsg.ScopeMemcg, PID: mainPID, Task: "memhog"}),
-				func(f *OOMFacts) { f.PodMemoryLimit, f.PodPeakUsage = 20*mi, 9*mi }),
+				withPod(&cgroup.Memory{Version: cgroup.V1, Limit: 20 * mi, Peak: 9 * mi, FailCnt: 12})),
 			wantKind: UnknownOOM,
 		},
 		"a pod without a limit of its own: its peak says nothing": {
-			facts:    facts(withReason(ReasonOOMKilled), func(f *OOMFacts) { f.MemoryLimit, f.PodMemoryLimit, f.PodPeakUsage = 0, 0, 300*mi }),
+			facts:    facts(withReason(ReasonOOMKilled), withPod(&cgroup.Memory{Version: cgroup.V1, Peak: 300 * mi}), func(f *OOMFacts) { f.MemoryLimit = 0 }),
 			wantKind: UnknownOOM,
 		},
 		"containerd TaskOOM alone, container without a limit: unknown": {
