@@ -290,15 +290,7 @@ func (b *bench) run(ctx context.Context, r *nodeReport, limits, nodes int) error
 		// pressure transition period, 5 minutes): wait it out rather than lose a Job.
 		if err := lab.Poll(ctx, 10*time.Minute, b.node+" without MemoryPressure", func() (bool, error) {
 			n, err := b.cs.CoreV1().Nodes().Get(ctx, b.node, metav1.GetOptions{})
-			if err != nil {
-				return false, nil
-			}
-			for _, c := range n.Status.Conditions {
-				if c.Type == corev1.NodeMemoryPressure && c.Status == corev1.ConditionTrue {
-					return false, nil
-				}
-			}
-			return true, nil
+			return err == nil && !measure.NodeCondition(n, corev1.NodeMemoryPressure), nil
 		}); err != nil {
 			return err
 		}

@@ -13,9 +13,12 @@ import (
 )
 
 // NodeReady reports whether the node's Ready condition is True.
-func NodeReady(n *corev1.Node) bool {
+func NodeReady(n *corev1.Node) bool { return NodeCondition(n, corev1.NodeReady) }
+
+// NodeCondition reports whether the node's condition of type t is True.
+func NodeCondition(n *corev1.Node, t corev1.NodeConditionType) bool {
 	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
+		if c.Type == t {
 			return c.Status == corev1.ConditionTrue
 		}
 	}
