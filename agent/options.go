@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +34,7 @@ type Options struct {
 	FenceAfter          time.Duration
 	LeaseNamespace      string
 	MetricsAddress      string
+	OOMScoreAdj         string
 	QPS                 float32
 	Burst               int
 }
@@ -59,6 +61,7 @@ func NewOptions() *Options {
 		FenceAfter:          2 * time.Minute,
 		LeaseNamespace:      ns,
 		MetricsAddress:      ":8090",
+		OOMScoreAdj:         DefaultOOMScoreAdj,
 		QPS:                 50,
 		Burst:               100,
 	}
@@ -83,6 +86,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.FenceAfter, "fence-after", o.FenceAfter, "With --fencing: how long without a Lease renewal (the API server lost) before the agent fences the node; at least 10s.")
 	fs.StringVar(&o.LeaseNamespace, "lease-namespace", o.LeaseNamespace, "With --fencing: namespace of the agent's Lease (default $POD_NAMESPACE, else coroner-system).")
 	fs.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "host:port that serves /metrics and /healthz; \"0\" turns it off.")
+	fs.StringVar(&o.OOMScoreAdj, "oom-score-adj", o.OOMScoreAdj, "The agent's own /proc/self/oom_score_adj, set at start: -999, the kubelet's and containerd's own, so that a node OOM kills every pod (Guaranteed pods get -997, their pause containers -998) before the agent that reports on the kill. Needs CAP_SYS_RESOURCE (the DaemonSet is privileged); where it cannot be set the agent logs why and goes on. Empty: keep the value the runtime gave (the QoS class's).")
 	fs.Float32Var(&o.QPS, "kube-api-qps", o.QPS, "Steady queries per second to the API server (the pod writes and their Events); the kubelet's own default, since the agent writes about the same deaths the kubelet reports. At 5, a storm of 700 exits a minute left stamps 14s behind (make bench-agent-storm).")
 	fs.IntVar(&o.Burst, "kube-api-burst", o.Burst, "Burst of queries to the API server; at least --kube-api-qps.")
 }
@@ -155,8 +159,26 @@ func (o *Options) Validate() error {
 	if o.MetricsAddress != "0" && !strings.Contains(o.MetricsAddress, ":") {
 		errs = append(errs, fmt.Errorf("--metrics-bind-address=%q: want host:port (or \"0\" for off)", o.MetricsAddress))
 	}
+	if _, _, err := o.oomScoreAdj(); err != nil {
+		errs = append(errs, err)
+	}
 	if o.QPS <= 0 || float32(o.Burst) < o.QPS {
 		errs = append(errs, fmt.Errorf("--kube-api-qps=%v, --kube-api-burst=%d: need 0 < qps <= burst", o.QPS, o.Burst))
 	}
 	return errors.Join(errs...)
+}
+
+// DefaultOOMScoreAdj is --oom-score-adj's default: the kubelet's own score.
+const DefaultOOMScoreAdj = "-999"
+
+// oomScoreAdj parses --oom-score-adj: set is false when it is empty (keep the score).
+func (o *Options) oomScoreAdj() (v int, set bool, err error) {
+	if o.OOMScoreAdj == "" {
+		return 0, false, nil
+	}
+	v, err = strconv.Atoi(o.OOMScoreAdj)
+	if err != nil || v < -1000 || v > 1000 {
+		return 0, false, fmt.Errorf("--oom-score-adj=%q: want an integer from -1000 to 1000, or empty to keep the runtime's", o.OOMScoreAdj)
+	}
+	return v, true, nil
 }

@@ -42,6 +42,9 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 		{name: "runtime discovery under a host prefix", args: []string{"--node-name=n", "--runtime-endpoint=auto", "--runtime-host-prefix=/host"}, wantNodeName: "n", wantEndpoint: ptr("auto")},
 		{name: "explicit runtime endpoint", args: []string{"--node-name=n", "--runtime-endpoint=unix:///run/crio/crio.sock"}, wantNodeName: "n", wantEndpoint: ptr("unix:///run/crio/crio.sock")},
 		{name: "relative host prefix", args: []string{"--node-name=n", "--runtime-host-prefix=host"}, wantErr: []string{"--runtime-host-prefix"}},
+		{name: "OOM score out of range", args: []string{"--node-name=n", "--oom-score-adj=-1001"}, wantErr: []string{"--oom-score-adj"}},
+		{name: "OOM score not a number", args: []string{"--node-name=n", "--oom-score-adj=low"}, wantErr: []string{"--oom-score-adj=\"low\""}},
+		{name: "OOM score kept", args: []string{"--node-name=n", "--oom-score-adj="}, wantNodeName: "n"},
 		{name: "host prefix with an explicit endpoint", args: []string{"--node-name=n", "--runtime-endpoint=unix:///run/x.sock", "--runtime-host-prefix=/host"}, wantErr: []string{"--runtime-host-prefix", "auto only"}},
 	}
 	for _, tc := range cases {

@@ -89,6 +89,15 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 			}
 		}()
 	}
+	if v, set, err := opts.oomScoreAdj(); err != nil {
+		return err
+	} else if set {
+		if before, err := setOOMScoreAdj(selfOOMScoreAdj, v); err != nil {
+			logger.Error(err, "Cannot lower the agent's OOM score; a node OOM may kill the agent before the pods whose kills it reports (needs CAP_SYS_RESOURCE; --oom-score-adj= keeps the runtime's)", "path", selfOOMScoreAdj)
+		} else if before != v {
+			logger.Info("Set the agent's OOM score", "from", before, "to", v)
+		}
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
