@@ -46,11 +46,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/bench/measure"
 	"github.com/coroner-dev/coroner/test/images"
+	kindlab "github.com/coroner-dev/coroner/test/kind"
 	"github.com/coroner-dev/coroner/test/lab"
 )
 
@@ -62,6 +64,7 @@ const (
 type options struct {
 	nodes      []string
 	vm         bool
+	kind       bool
 	limitOOMs  int
 	nodeOOMs   int
 	vmLimit    int
@@ -84,6 +87,7 @@ func main() {
 	}
 	measure.NodesFlag(fs, &o.nodes, "comma-separated process nodes")
 	fs.BoolVar(&o.vm, "vm", o.vm, "also the VM node, when the lab has it Ready")
+	fs.BoolVar(&o.kind, "kind", o.kind, "on the kind cluster that is up (make kind-lab) instead of the lab: its workers, -nodes and -vm ignored; node OOMs squeeze a worker's kubepods cgroup below its node container")
 	fs.IntVar(&o.limitOOMs, "limit-ooms", o.limitOOMs, "limit-OOM Jobs per process node")
 	fs.IntVar(&o.nodeOOMs, "node-ooms", o.nodeOOMs, "node-OOM Jobs per process node (one at a time)")
 	fs.IntVar(&o.vmLimit, "vm-limit-ooms", o.vmLimit, "limit-OOM Jobs on the VM node")
@@ -103,14 +107,19 @@ func main() {
 	if o.parallel < 1 || o.vmParallel < 1 {
 		errs = append(errs, fmt.Errorf("-parallel=%d -vm-parallel=%d: need at least 1", o.parallel, o.vmParallel))
 	}
-	if len(o.nodes) == 0 && !o.vm {
+	if len(o.nodes) == 0 && !o.vm && !o.kind {
 		errs = append(errs, errors.New("no nodes: -nodes is empty and -vm=false"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-beside:", err)
 		os.Exit(2)
 	}
-	measure.Main("bench-beside", "node OOMs lower the nodes' kubepods cgroup limits", func(ctx context.Context) error { return run(ctx, o) })
+	measure.Main("bench-beside", "node OOMs lower the nodes' kubepods cgroup limits", func(ctx context.Context) error {
+		if o.kind {
+			return runKind(ctx, o)
+		}
+		return run(ctx, o)
+	})
 }
 
 func say(format string, args ...any) {
@@ -159,10 +168,8 @@ func run(ctx context.Context, o options) error {
 	if note != "" {
 		say("%s", note)
 	}
-	reports := make([]*nodeReport, len(names))
-	var wg sync.WaitGroup
-	errs := make([]error, len(names))
-	for i, name := range names {
+	var benches []*bench
+	for _, name := range names {
 		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -171,21 +178,71 @@ func run(ctx context.Context, o options) error {
 		if err != nil {
 			return err
 		}
-		r := &nodeReport{Node: name, Runtime: n.Status.NodeInfo.ContainerRuntimeVersion, Config: describe(ln, n)}
-		reports[i] = r
-		limits, nodes := o.limitOOMs, o.nodeOOMs
+		b := &bench{cs: cs, node: name, vm: ln.IsVM(), ns: o.namespace + "-" + name,
+			parallel: o.parallel, jobTimeout: o.jobTimeout, limits: o.limitOOMs, nodes: o.nodeOOMs,
+			config: describe(ln, n), runtime: n.Status.NodeInfo.ContainerRuntimeVersion,
+			squeeze: func(ctx context.Context, pod *corev1.Pod) (lab.OOMResult, error) {
+				return cfg.OOM(ctx, pod, lab.OOMNode, 30*time.Second)
+			}}
 		if ln.IsVM() {
-			limits, nodes = o.vmLimit, o.vmNode
+			b.parallel, b.jobTimeout, b.limits, b.nodes = o.vmParallel, 4*o.jobTimeout, o.vmLimit, o.vmNode
 		}
+		benches = append(benches, b)
+	}
+	return runAll(ctx, o, benches, began)
+}
+
+// runKind is run on the kind cluster that is up: its workers, each a node container of
+// our dockerd (containerd 2.x with CRI events, the systemd cgroup driver, cgroupRoot
+// /kubelet), node OOMs squeezing the worker's kubepods cgroup from this machine.
+func runKind(ctx context.Context, o options) error {
+	began := time.Now()
+	kc, err := kindlab.New()
+	if err != nil {
+		return err
+	}
+	kc.Log = os.Stderr
+	rc, err := clientcmd.BuildConfigFromFlags("", kc.Kubeconfig())
+	if err != nil {
+		return fmt.Errorf("the kind cluster's kubeconfig (make kind-lab first): %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	var benches []*bench
+	for i := range kc.Workers {
+		name := kc.Cluster + "-worker"
+		if i > 0 {
+			name += fmt.Sprint(i + 1)
+		}
+		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("kind worker %s (make kind-lab first): %w", name, err)
+		}
+		benches = append(benches, &bench{cs: cs, node: name, ns: o.namespace + "-" + name,
+			parallel: o.parallel, jobTimeout: o.jobTimeout, limits: o.limitOOMs, nodes: o.nodeOOMs,
+			runtime: n.Status.NodeInfo.ContainerRuntimeVersion,
+			config:  n.Status.NodeInfo.ContainerRuntimeVersion + ", CRI events, kind (a node in a privileged container, systemd cgroup driver, cgroupRoot /kubelet)",
+			squeeze: func(ctx context.Context, _ *corev1.Pod) (lab.OOMResult, error) {
+				return kc.NodeOOM(ctx, name, 30*time.Second)
+			}})
+	}
+	return runAll(ctx, o, benches, began)
+}
+
+// runAll runs the nodes' benches at once, prints the table and writes the results, also
+// of a run cut short.
+func runAll(ctx context.Context, o options, benches []*bench, began time.Time) error {
+	reports := make([]*nodeReport, len(benches))
+	errs := make([]error, len(benches))
+	var wg sync.WaitGroup
+	for i, b := range benches {
+		reports[i] = &nodeReport{Node: b.node, Runtime: b.runtime, Config: b.config}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			b := &bench{cfg: cfg, cs: cs, o: o, node: name, vm: ln.IsVM(), ns: o.namespace + "-" + name,
-				parallel: o.parallel, jobTimeout: o.jobTimeout}
-			if ln.IsVM() {
-				b.parallel, b.jobTimeout = o.vmParallel, 4*o.jobTimeout
-			}
-			errs[i] = b.run(ctx, r, limits, nodes)
+			errs[i] = b.run(ctx, reports[i])
 		}()
 	}
 	wg.Wait()
@@ -226,15 +283,18 @@ func describe(ln lab.Node, n *corev1.Node) string {
 
 // bench runs one node's Jobs in its own namespace.
 type bench struct {
-	cfg  lab.Config
 	cs   kubernetes.Interface
-	o    options
 	node string
 	vm   bool
 	ns   string
-	// parallel and jobTimeout are the node's: the VM node's are its own.
-	parallel   int
-	jobTimeout time.Duration
+	// runtime and config describe the node in the table.
+	runtime, config string
+	// parallel, jobTimeout and the counts are the node's: the VM node's are its own.
+	parallel      int
+	jobTimeout    time.Duration
+	limits, nodes int
+	// squeeze makes the kernel OOM-kill a task among the node's pods (the pod's, it grows).
+	squeeze func(context.Context, *corev1.Pod) (lab.OOMResult, error)
 
 	mu   sync.Mutex
 	pods map[string]*race // by Job name
@@ -248,7 +308,8 @@ type race struct {
 	seen              chan struct{} // closed at the first Failed version
 }
 
-func (b *bench) run(ctx context.Context, r *nodeReport, limits, nodes int) error {
+func (b *bench) run(ctx context.Context, r *nodeReport) error {
+	limits, nodes := b.limits, b.nodes
 	if err := lab.FreshNamespace(ctx, b.cs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns}}, 3*time.Minute); err != nil {
 		return err
 	}
@@ -478,7 +539,7 @@ func (b *bench) squeezeNode(ctx context.Context, job string) error {
 	if err := lab.Sleep(ctx, grow); err != nil {
 		return err
 	}
-	res, err := b.cfg.OOM(ctx, pod, lab.OOMNode, 30*time.Second)
+	res, err := b.squeeze(ctx, pod)
 	if err != nil {
 		return fmt.Errorf("squeeze for %s: %w", pod.Name, err)
 	}
