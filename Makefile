@@ -102,9 +102,10 @@ $(LAB): FORCE
 	@mkdir -p $(BIN)
 	$(GO) build -o $(LAB) ./cmd/coroner-lab
 
-lab: deps build $(LAB) ## local 3-node lab (real kubelets, containerd 2.x and 1.6 in netns, no Docker), coroner deployed, a demo Job explained (root)
+lab: deps build $(LAB) ## local 3-node lab (real kubelets, containerd 2.x and 1.6 in netns, no Docker), coroner deployed, a demo Job explained; LAB_PLATFORMS=1 adds Kueue and JobSet (root)
 	$(ROOT_CHECK)
 	$(LAB) up
+	@if [ "$(LAB_PLATFORMS)" = 1 ]; then $(MAKE) --no-print-directory platforms; fi
 
 lab-down: $(LAB) ## stop the lab and remove everything it created (root)
 	$(ROOT_CHECK)
@@ -155,8 +156,9 @@ kind-image: ## offline kind node image (bookworm, containerd 2.4, v1.36.3, kubea
 	test/tools/build.sh kubeadm kube-proxy kind coredns
 	$(KIND) image
 
-kind-lab: kind-image ## kind cluster on our own dockerd with coroner deployed; KUBECONFIG=_output/kind/kubeconfig (root)
+kind-lab: kind-image ## kind cluster on our own dockerd with coroner deployed; KUBECONFIG=_output/kind/kubeconfig; LAB_PLATFORMS=1 adds Kueue and JobSet (root)
 	$(KIND) up
+	@if [ "$(LAB_PLATFORMS)" = 1 ]; then $(MAKE) --no-print-directory platforms PLATFORMS_CLUSTER=kind; fi
 
 kind-down: ## delete the kind cluster, its network and our dockerd, leaving nothing behind (the image stays cached)
 	$(KIND) down
@@ -165,6 +167,22 @@ e2e-kind: build ## the e2e suite on the kind lab (make kind-lab first): exit cod
 	$(ROOT_CHECK)
 	$(KIND) smoke
 	$(call E2E_RUN,CORONER_E2E_CLUSTER=kind)
+
+# The batch platforms coroner runs inside (issue 20): Kueue v0.17.0 (FailureRecoveryPolicy
+# on) and JobSet v0.11.1, built from their own modules and installed from their own
+# manifests (test/platforms) into the lab that is up, or kind (PLATFORMS_CLUSTER=kind).
+PLATFORMS_CLUSTER ?= lab
+.PHONY: platforms
+platforms: ## Kueue and JobSet, built from their modules, installed as their users do into the lab that is up (PLATFORMS_CLUSTER=kind: the kind cluster) (root; ~10 min cold build)
+	$(ROOT_CHECK)
+	test/tools/build.sh kueue jobset
+	$(GO) run ./test/platforms/cmd -cluster $(PLATFORMS_CLUSTER) install
+
+.PHONY: e2e-platforms
+e2e-platforms: E2E_ARGS = -run '^TestPlatform'
+e2e-platforms: build ## the platform cases, each beside the built-in controller: Kueue (queueing, preemption, waitForPodsReady), JobSet (limit OOM, node OOM), CronJob (Forbid, Replace), on the lab (or kind: PLATFORMS_CLUSTER=kind) after make platforms (root, ~7 min)
+	$(ROOT_CHECK)
+	$(call E2E_RUN,CORONER_E2E_PLATFORMS=1 $(if $(filter kind,$(PLATFORMS_CLUSTER)),CORONER_E2E_CLUSTER=kind))
 
 FORCE:
 

@@ -22,12 +22,23 @@ const (
 //
 // The binary must be static (CGO_ENABLED=0): the image has no C library.
 func FromBinary(dir, name, binary string) (Image, error) {
+	return FromBinaryAs(dir, name, binary, filepath.Base(binary), "")
+}
+
+// FromBinaryAs is FromBinary with the binary at /<entry> and the image's user (uid:gid;
+// empty: root): the images of the platforms coroner runs beside (Kueue's and JobSet's
+// managers), whose own manifests run /manager with runAsNonRoot, as their published
+// images (distroless, user 65532) allow. The tarball is dir/<base name of binary>.tar.
+func FromBinaryAs(dir, name, binary, entry, user string) (Image, error) {
 	dir, err := resolveDir(dir)
 	if err != nil {
 		return Image{}, err
 	}
 	if !strings.Contains(name, ":") {
 		return Image{}, fmt.Errorf("image name %q has no tag", name)
+	}
+	if entry == "" || strings.Contains(entry, "/") {
+		return Image{}, fmt.Errorf("entry %q: want a file name at the image's root", entry)
 	}
 	st, err := os.Stat(binary)
 	if err != nil {
@@ -36,10 +47,9 @@ func FromBinary(dir, name, binary string) (Image, error) {
 	if st.IsDir() || st.Mode()&0o111 == 0 {
 		return Image{}, fmt.Errorf("%s is not an executable file", binary)
 	}
-	base := filepath.Base(binary)
-	layer, err := rootfsLayer(map[string]string{base: binary})
+	layer, err := rootfsLayer(map[string]string{entry: binary})
 	if err != nil {
 		return Image{}, err
 	}
-	return writeImage(dir, base, name, layer, imageConfig{Entrypoint: []string{"/" + base}})
+	return writeImage(dir, filepath.Base(binary), name, layer, imageConfig{Entrypoint: []string{"/" + entry}, User: user})
 }

@@ -86,3 +86,61 @@ func TestFromBinary(t *testing.T) {
 		t.Error("a name without a tag was accepted")
 	}
 }
+
+// TestFromBinaryAs: a platform's manager at /manager, run as a user that is not root.
+func TestFromBinaryAs(t *testing.T) {
+	if _, err := os.Stat(BusyboxPath); err != nil {
+		t.Skipf("busybox-static not installed: %v", err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(t.TempDir(), "kueue")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho kueue\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	img, err := FromBinaryAs(dir, "coroner.dev/kueue:v0.17.0", bin, "manager", "65532:65532")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Tarball != filepath.Join(dir, "kueue.tar") {
+		t.Errorf("tarball %s", img.Tarball)
+	}
+	files := readTar(t, img.Tarball)
+	var manifest struct {
+		Config descriptor   `json:"config"`
+		Layers []descriptor `json:"layers"`
+	}
+	if err := json.Unmarshal(files[blobPath(img.Digest)], &manifest); err != nil {
+		t.Fatal(err)
+	}
+	var config struct {
+		Config struct {
+			Entrypoint []string `json:"Entrypoint"`
+			User       string   `json:"User"`
+		} `json:"config"`
+	}
+	if err := json.Unmarshal(files[blobPath(manifest.Config.Digest)], &config); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(config.Config.Entrypoint, " ") != "/manager" || config.Config.User != "65532:65532" {
+		t.Errorf("config %+v, want entrypoint /manager, user 65532:65532", config.Config)
+	}
+	tr := tar.NewReader(strings.NewReader(string(files[blobPath(manifest.Layers[0].Digest)])))
+	found := false
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		if h.Name == "manager" && h.Typeflag == tar.TypeReg && h.Mode == 0o755 {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("layer lacks an executable manager at its root")
+	}
+	for _, bad := range []string{"", "bin/manager"} {
+		if _, err := FromBinaryAs(dir, "coroner.dev/kueue:v0.17.0", bin, bad, ""); err == nil {
+			t.Errorf("entry %q: want an error", bad)
+		}
+	}
+}

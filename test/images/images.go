@@ -267,6 +267,7 @@ func rootfsLayer(extra map[string]string) ([]byte, error) {
 type imageConfig struct {
 	Entrypoint []string `json:"Entrypoint,omitempty"`
 	Cmd        []string `json:"Cmd,omitempty"`
+	User       string   `json:"User,omitempty"`
 }
 
 type descriptor struct {
@@ -293,16 +294,20 @@ const (
 // there already (recorded in dir/<file>.tar.digest).
 func writeImage(dir, file, name string, layer []byte, cfg imageConfig) (Image, error) {
 	layerDigest := digest(layer)
+	run := map[string]any{
+		"Env":        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		"Entrypoint": cfg.Entrypoint,
+		"Cmd":        cfg.Cmd,
+		"WorkingDir": "/",
+	}
+	if cfg.User != "" { // none: root (and the digests of the images without one unchanged)
+		run["User"] = cfg.User
+	}
 	config, err := json.Marshal(map[string]any{
 		"created":      epoch.Format(time.RFC3339),
 		"architecture": runtime.GOARCH,
 		"os":           "linux",
-		"config": map[string]any{
-			"Env":        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-			"Entrypoint": cfg.Entrypoint,
-			"Cmd":        cfg.Cmd,
-			"WorkingDir": "/",
-		},
+		"config":       run,
 		"rootfs":  map[string]any{"type": "layers", "diff_ids": []string{layerDigest}},
 		"history": []map[string]any{{"created": epoch.Format(time.RFC3339), "created_by": "coroner test/images"}},
 	})

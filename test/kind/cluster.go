@@ -1,9 +1,11 @@
 package kind
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -147,10 +149,8 @@ func (c Config) Up(ctx context.Context) error {
 	c.say("pod network (%s) up, nodes Ready in %s", c.CNI, time.Since(t).Round(time.Second))
 
 	t = time.Now()
-	for _, img := range imgs {
-		if err := c.run(ctx, nil, c.bin("kind"), "load", "image-archive", "--name", c.Cluster, img.Tarball); err != nil {
-			return err
-		}
+	if err := c.ImportImages(ctx, imgs); err != nil {
+		return err
 	}
 	c.say("images loaded in %s", time.Since(t).Round(time.Second))
 	t = time.Now()
@@ -386,4 +386,26 @@ func removeDockerCgroups() {
 		os.Remove(d)
 	}
 	os.Remove("/sys/fs/cgroup/docker") // a pure cgroup v2 host
+}
+
+// ImportImages loads image tarballs into every node of the cluster (kind load
+// image-archive): nothing is ever pulled.
+func (c Config) ImportImages(ctx context.Context, imgs []images.Image) error {
+	for _, img := range imgs {
+		if err := c.run(ctx, nil, c.bin("kind"), "load", "image-archive", "--name", c.Cluster, img.Tarball); err != nil {
+			return fmt.Errorf("load %s: %w", img.Name, err)
+		}
+	}
+	return nil
+}
+
+// Kubectl runs our kubectl against the kind cluster, stdin from in; it returns stdout,
+// and stderr in the error.
+func (c Config) Kubectl(ctx context.Context, in []byte, args ...string) ([]byte, error) {
+	var stdin io.Reader
+	if in != nil {
+		stdin = bytes.NewReader(in)
+	}
+	out, err := c.output(ctx, stdin, c.bin("kubectl"), append([]string{"--kubeconfig", c.Kubeconfig()}, args...)...)
+	return []byte(out), err
 }

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/coroner-dev/coroner/test/host"
 	"github.com/coroner-dev/coroner/test/images"
 )
 
@@ -61,17 +61,7 @@ func (c Config) BuildTools(ctx context.Context) error {
 // kindModule returns the directory of the sigs.k8s.io/kind module source (downloaded
 // through the module proxy if needed): the node-side files come from there.
 func (c Config) kindModule(ctx context.Context) (string, error) {
-	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", "sigs.k8s.io/kind@"+KindVersion)
-	cmd.Dir = os.TempDir()
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("go mod download sigs.k8s.io/kind@%s: %w", KindVersion, err)
-	}
-	var m struct{ Dir, Error string }
-	if err := json.Unmarshal(out, &m); err != nil || m.Dir == "" {
-		return "", fmt.Errorf("go mod download sigs.k8s.io/kind: %v %s", err, m.Error)
-	}
-	return m.Dir, nil
+	return host.ModuleDir(ctx, "sigs.k8s.io/kind@"+KindVersion)
 }
 
 // kubeModule returns the directory of k8s.io/kubernetes (pause.c lives there).

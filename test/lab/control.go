@@ -110,6 +110,10 @@ func (c Config) startAPIServer(ctx context.Context, st *State, p *clusterPKI) er
 		"--service-cluster-ip-range="+ServiceCIDR,
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction",
+		// No kube-proxy: webhooks and aggregated APIs (the platforms' managers, Kueue's
+		// visibility API) are reached at their Services' endpoints, the pod IPs this
+		// machine routes to, not at ClusterIPs nothing serves.
+		"--enable-aggregator-routing=true",
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--v=1",

@@ -202,6 +202,21 @@ func (c Config) startContainerd(ctx context.Context, st *State, n Node) error {
 	}
 }
 
+// ImportImages loads image tarballs into every process node's containerd (the VM node,
+// tainted for the tests that choose it, runs none of the images this is for: the
+// platforms' managers).
+func (c Config) ImportImages(ctx context.Context, imgs []images.Image) error {
+	if _, err := c.upState(); err != nil {
+		return err
+	}
+	for _, n := range c.Nodes {
+		if err := c.importImages(ctx, n, imgs); err != nil {
+			return fmt.Errorf("%s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
 // importImages loads the image tarballs into the node's containerd and waits until the
 // CRI plugin sees every one (it learns of imports from events; a kubelet asking earlier
 // would try to pull).

@@ -12,9 +12,10 @@
 #
 # Named only (not in the default set): kubeadm, kube-proxy, kind and coredns, for test/kind;
 # helm, prometheus and promtool, for test/deploy and test/e2e's Prometheus test;
-# e2e-upstream, upstream's e2e test binary (_output/bin/e2e-apps.test), for test/upstream.
+# e2e-upstream, upstream's e2e test binary (_output/bin/e2e-apps.test), for test/upstream;
+# kueue and jobset, the batch platforms test/platforms installs beside coroner.
 #
-# usage: test/tools/build.sh [NAME ...]   (default: every tool but those eight)
+# usage: test/tools/build.sh [NAME ...]   (default: every tool but those ten)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -36,7 +37,12 @@ helm_version=v4.3.1
 # Prometheus v3.16.0: its Go module tags a 3.x release as v0.3xx.y.
 prometheus_version=v0.316.0
 prometheus_release=3.16.0
-extra=(kubeadm kube-proxy kind coredns helm prometheus promtool e2e-upstream)
+# Built only when named: the batch platforms coroner runs inside (test/platforms), each
+# from its own module as published, with the k8s.io versions its go.mod names (Kueue
+# v0.17.0: k8s.io v0.35.3, controller-runtime v0.23.3), never forced onto ours.
+kueue_version=v0.17.0
+jobset_version=v0.11.1
+extra=(kubeadm kube-proxy kind coredns helm prometheus promtool e2e-upstream kueue jobset)
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${all[@]}")
 
@@ -150,6 +156,19 @@ for name in "${names[@]}"; do
         "-s -w -X github.com/prometheus/common/version.Version=$prometheus_release -X github.com/prometheus/common/version.Revision=module -X github.com/prometheus/common/version.Branch=module -X github.com/prometheus/common/version.BuildUser=coroner -X github.com/prometheus/common/version.BuildDate=19700101-00:00:00" \
         "remove_all_sd enable_kubernetes_sd" 0 \
         "github.com/prometheus/prometheus/cmd/$name@$prometheus_version"
+      continue ;;
+    kueue)
+      # Kueue's manager (cmd/kueue), static, into _output/bin/platforms/kueue; its version
+      # stamped as its Makefile does.
+      build_module kueue "$kueue_version" "$out/platforms" \
+        "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$kueue_version -X sigs.k8s.io/kueue/pkg/version.GitCommit=module" \
+        "" 0 "sigs.k8s.io/kueue/cmd/kueue@$kueue_version"
+      continue ;;
+    jobset)
+      # JobSet's manager (its main package is the module's root), static, into
+      # _output/bin/platforms/jobset. Its version list is refused by the proxy; the exact
+      # version downloads.
+      build_module jobset "$jobset_version" "$out/platforms" "-s -w" "" 0 "sigs.k8s.io/jobset@$jobset_version"
       continue ;;
     kubeadm|kube-proxy)
       # kubeadm and kube-proxy import modules the other Kubernetes tools do not
