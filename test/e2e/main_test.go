@@ -220,6 +220,10 @@ func runOnKind(ctx context.Context, m *testing.M) int {
 
 // kubectl runs the lab's kubectl against the suite's cluster.
 func kubectl(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(suite.cfg.BinDir, "kubectl"), append([]string{"--kubeconfig=" + suite.kubeconfig}, args...)...)
-	return cmd.CombinedOutput()
+	return kubectlCmd(ctx, args...).CombinedOutput()
+}
+
+// kubectlCmd is the command kubectl runs, for a caller that gives it stdin.
+func kubectlCmd(ctx context.Context, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, filepath.Join(suite.cfg.BinDir, "kubectl"), append([]string{"--kubeconfig=" + suite.kubeconfig}, args...)...)
 }

@@ -308,8 +308,8 @@ func writeImage(dir, file, name string, layer []byte, cfg imageConfig) (Image, e
 		"architecture": runtime.GOARCH,
 		"os":           "linux",
 		"config":       run,
-		"rootfs":  map[string]any{"type": "layers", "diff_ids": []string{layerDigest}},
-		"history": []map[string]any{{"created": epoch.Format(time.RFC3339), "created_by": "coroner test/images"}},
+		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{layerDigest}},
+		"history":      []map[string]any{{"created": epoch.Format(time.RFC3339), "created_by": "coroner test/images"}},
 	})
 	if err != nil {
 		return Image{}, err
