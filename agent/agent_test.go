@@ -650,7 +650,8 @@ func TestKubeletEviction(t *testing.T) {
 	ev := exited(p, "main", id, 137, "Error")
 	ev.FinishedAt = e.clk.Now()
 	e.src.Send(ev)
-	e.until("the exit classified", e.containerDone(id))
+	// With no OOM evidence, the 137 exit waits KernelWait on the agent's clock.
+	e.stepUntil("the exit classified", 50*time.Millisecond, e.containerDone(id))
 	e.stepUntil("phase Failed", 200*time.Millisecond, func() bool { return e.pod("evicted").Status.Phase == corev1.PodFailed })
 	if since := e.clk.Since(ev.FinishedAt); since < 5*time.Second {
 		t.Errorf("phase written %v after the exit, before the grace of 5s", since)
@@ -766,5 +767,63 @@ func TestShutdownGraceOver(t *testing.T) {
 	}
 	if e.patcher.count() < 2 {
 		t.Errorf("%d writes, want the stamper to keep retrying during the drain", e.patcher.count())
+	}
+}
+
+// TestLateOOMEvidence: a SIGKILL exit (137) reported before any evidence of an OOM kill
+// waits KernelWait for it: containerd's OOM event arriving after the exit still makes it
+// a limit OOM; a 137 exit that no evidence follows (a kill by the kubelet) stays NotOOM
+// and writes nothing.
+func TestLateOOMEvidence(t *testing.T) {
+	uid := types.UID("eeeeeeee-eeee-4eee-8eee-eeeeeeeeeeee")
+	p := newPod("late", uid, corev1.RestartPolicyNever, "main")
+	killed := newPod("killed", types.UID("ffffffff-ffff-4fff-8fff-ffffffffffff"), corev1.RestartPolicyNever, "main")
+	e := newTestEnv(t, nil, p, killed)
+	id := containerID(40)
+	cg := podCgroup(uid) + "/" + id
+	e.writeCgroup(podCgroup(uid), 0, 0, 0, 0)
+	e.writeCgroup(cg, 0, 0, 20<<20, 1<<20, 77)
+	e.src.Send(event(cri.Started, p, "main", id))
+	e.until("the start reading", func() bool {
+		e.a.mu.Lock()
+		defer e.a.mu.Unlock()
+		c := e.a.containers[id]
+		return c != nil && c.podAtStart != nil
+	})
+	e.writeCgroup(cg, 0, 12, 20<<20, 20<<20, 77)
+	e.writeCgroup(podCgroup(uid), 0, 12, 0, 20<<20)
+	e.src.Send(exited(p, "main", id, 137, "Error"))
+	e.until("the exit waiting for evidence", func() bool {
+		e.a.mu.Lock()
+		defer e.a.mu.Unlock()
+		c := e.a.containers[id]
+		return c != nil && c.kernelWaited[itemExit]
+	})
+	oom := event(cri.OOM, p, "main", id)
+	oom.OOMAt = t0
+	e.src.Send(oom)
+	e.stepUntil("the stamp", 50*time.Millisecond, func() bool {
+		return conditions.IsTrue(&e.pod("late").Status, conditions.OOMKilled)
+	})
+	if v := metrics.Value(e.m.ContainerExits.WithLabelValues("LimitOOM")); v != 1 {
+		t.Errorf("exits classified LimitOOM = %v, want 1", v)
+	}
+
+	other := containerID(41)
+	e.src.Send(exited(killed, "main", other, 137, "Error"))
+	e.until("the kill waiting for evidence", func() bool {
+		e.a.mu.Lock()
+		defer e.a.mu.Unlock()
+		c := e.a.containers[other]
+		return c != nil && c.kernelWaited[itemExit]
+	})
+	e.stepUntil("the kill classified", 50*time.Millisecond, e.containerDone(other))
+	if v := metrics.Value(e.m.ContainerExits.WithLabelValues(metrics.VerdictNotOOM)); v != 1 {
+		t.Errorf("NotOOM exits = %v, want 1", v)
+	}
+	e.stepUntil("a few batch periods", 50*time.Millisecond, func() bool { return e.clk.Since(t0) > 2*time.Second })
+	e.settle()
+	if c := conditions.Find(&e.pod("killed").Status, conditions.OOMKilled); c != nil {
+		t.Errorf("a SIGKILL without OOM evidence stamped %+v", c)
 	}
 }

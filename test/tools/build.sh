@@ -76,6 +76,26 @@ build_module() {
   echo "tools: built $name in $((SECONDS - start))s"
 }
 
+# build_in_module NAME STAMP DIR LDFLAGS MODULE@VERSION PKG: as build_module, for a module
+# whose proxy version list is refused (go install pkg@version asks it for deprecations and
+# fails): the exact version is downloaded and PKG built inside it, with its own go.mod.
+build_in_module() {
+  local name=$1 stamp=$2 dir=$3 ldflags=$4 module=$5 pkg=$6
+  if [ -x "$dir/$name" ] && [ "$(cat "$dir/.$name.stamp" 2>/dev/null)" = "$stamp" ]; then
+    echo "tools: $name up to date"
+    return
+  fi
+  echo "tools: building $name ($module, $pkg in the module)"
+  local start=$SECONDS src
+  src=$(cd /tmp && GOFLAGS= go mod download -json "$module" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -n "$src" ] || { echo "build.sh: go mod download $module gave no directory" >&2; exit 1; }
+  mkdir -p "$dir"
+  (cd "$src" && GOFLAGS= GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dir/$name.tmp" "$pkg")
+  mv "$dir/$name.tmp" "$dir/$name"
+  echo "$stamp" > "$dir/.$name.stamp"
+  echo "tools: built $name in $((SECONDS - start))s"
+}
+
 cd "$here"
 for name in "${names[@]}"; do
   case "$name" in
@@ -168,7 +188,7 @@ for name in "${names[@]}"; do
       # JobSet's manager (its main package is the module's root), static, into
       # _output/bin/platforms/jobset. Its version list is refused by the proxy; the exact
       # version downloads.
-      build_module jobset "$jobset_version" "$out/platforms" "-s -w" "" 0 "sigs.k8s.io/jobset@$jobset_version"
+      build_in_module jobset "$jobset_version" "$out/platforms" "-s -w" "sigs.k8s.io/jobset@$jobset_version" .
       continue ;;
     kubeadm|kube-proxy)
       # kubeadm and kube-proxy import modules the other Kubernetes tools do not
