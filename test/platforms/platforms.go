@@ -130,6 +130,9 @@ func (c Config) Install(ctx context.Context, cl Cluster, ps []Platform) error {
 		return fmt.Errorf("import the platforms' images: %w", err)
 	}
 	c.say("images imported: %s", imageNames(imgs))
+	// One after the other, each ready before the next: Kueue's webhooks intercept every
+	// Deployment and Job (failurePolicy Fail), so JobSet's Deployment cannot be created
+	// until Kueue answers (seen on kind: "failed calling webhook mdeployment.kb.io").
 	for _, p := range ps {
 		manifests, err := c.Render(ctx, p)
 		if err != nil {
@@ -140,8 +143,6 @@ func (c Config) Install(ctx context.Context, cl Cluster, ps []Platform) error {
 			return fmt.Errorf("%s: kubectl apply: %w", p.Name, err)
 		}
 		c.say("%s %s: %d objects applied", p.Name, p.Version, strings.Count(strings.TrimSpace(string(out)), "\n")+1)
-	}
-	for _, p := range ps {
 		if err := c.waitReady(ctx, cl, p); err != nil {
 			return err
 		}
