@@ -488,30 +488,39 @@ func (b *bench) one(ctx context.Context, name string, k kind) jobResult {
 	if res.Verdict == "" {
 		res.Verdict = "other"
 	}
-	if !b.podOOMKilled(ctx, name) {
-		// Rejected or evicted by the kubelet (MemoryPressure), or never squeezed: no OOM
-		// kill, so no race to judge.
+	if oom, how := b.podOOMKilled(ctx, name); !oom {
+		// Rejected or evicted by the kubelet (MemoryPressure), never squeezed, or a
+		// container that never started: no OOM kill, so no race to judge.
 		res.Verdict = "no-oom"
+		res.Message = strings.TrimSpace(res.Message + "; the pod: " + how)
 	}
 	_ = b.cs.BatchV1().Jobs(b.ns).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
 	return res
 }
 
 // podOOMKilled tells whether the Job's pod ended OOM-killed (exit 137 or the runtime's
-// OOMKilled): a Job counted without one was not a race the agent could win.
-func (b *bench) podOOMKilled(ctx context.Context, job string) bool {
+// OOMKilled): a Job counted without one was not a race the agent could win. how says
+// what the pod's status said otherwise.
+func (b *bench) podOOMKilled(ctx context.Context, job string) (bool, string) {
 	pods, err := b.cs.CoreV1().Pods(b.ns).List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + job})
 	if err != nil {
-		return true
+		return true, ""
 	}
+	var how []string
 	for _, p := range pods.Items {
+		how = append(how, fmt.Sprintf("%s %s %s %s", p.Name, p.Status.Phase, p.Status.Reason, p.Status.Message))
 		for _, s := range p.Status.ContainerStatuses {
-			if t := s.State.Terminated; t != nil && (t.ExitCode == 137 || t.Reason == "OOMKilled") {
-				return true
+			if t := s.State.Terminated; t != nil {
+				if t.ExitCode == 137 || t.Reason == "OOMKilled" {
+					return true, ""
+				}
+				how = append(how, fmt.Sprintf("container %s exit %d %s %s", s.Name, t.ExitCode, t.Reason, t.Message))
+			} else if w := s.State.Waiting; w != nil {
+				how = append(how, fmt.Sprintf("container %s waiting %s %s", s.Name, w.Reason, w.Message))
 			}
 		}
 	}
-	return false
+	return false, strings.Join(how, "; ")
 }
 
 // squeezeNode waits for the node-OOM Job's pod to run and grow, then squeezes the node's
