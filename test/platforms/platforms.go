@@ -91,6 +91,10 @@ type Config struct {
 	Root, BinDir string
 	// Out is _output/platforms: the images and the rendered manifests.
 	Out string
+	// ManagerNode, when set, is the node the managers run on (a nodeSelector on
+	// kubernetes.io/hostname): one the suites never cut off or squeeze, since every Job,
+	// Deployment and pod creation in the cluster goes through Kueue's webhooks.
+	ManagerNode string
 	// Log receives progress lines.
 	Log io.Writer
 }
@@ -168,8 +172,34 @@ func (c Config) Render(ctx context.Context, p Platform) ([]byte, error) {
 	if err := copyTree(filepath.Join(c.Root, "test", "platforms", p.Name), filepath.Join(dir, "overlay")); err != nil {
 		return nil, fmt.Errorf("%s: copy the overlay: %w", p.Name, err)
 	}
+	top := filepath.Join(dir, "overlay")
+	if c.ManagerNode != "" {
+		// A layer of ours above the overlay: the placement is the cluster's, not the
+		// platform's.
+		top = filepath.Join(dir, "placed")
+		k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- ../overlay
+patches:
+- target:
+    kind: Deployment
+    name: %s
+  patch: |-
+    - op: add
+      path: /spec/template/spec/nodeSelector
+      value:
+        kubernetes.io/hostname: %s
+`, p.Deployment, c.ManagerNode)
+		if err := os.MkdirAll(top, 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(top, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+			return nil, err
+		}
+	}
 	// kubectl's kustomize: no cluster needed, any kubectl of ours will do.
-	out, err := exec.CommandContext(ctx, filepath.Join(c.BinDir, "kubectl"), "kustomize", filepath.Join(dir, "overlay")).Output()
+	out, err := exec.CommandContext(ctx, filepath.Join(c.BinDir, "kubectl"), "kustomize", top).Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {

@@ -56,7 +56,7 @@ func TestRender(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(c.BinDir, "kubectl")); err != nil {
 		t.Fatalf("kubectl is built by make tools: %v", err)
 	}
-	c.Out = t.TempDir()
+	c.Out, c.ManagerNode = t.TempDir(), "node-a"
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	for _, p := range All {
@@ -90,6 +90,9 @@ func TestRender(t *testing.T) {
 			}
 			if dep == nil {
 				t.Fatalf("no Deployment %s among %v", p.Deployment, kinds)
+			}
+			if got := dep.Spec.Template.Spec.NodeSelector["kubernetes.io/hostname"]; got != "node-a" {
+				t.Errorf("manager's node selector %v, want kubernetes.io/hostname=node-a", dep.Spec.Template.Spec.NodeSelector)
 			}
 			mgr := dep.Spec.Template.Spec.Containers[0]
 			if mgr.Image != p.Image || mgr.ImagePullPolicy != corev1.PullIfNotPresent || mgr.Command[0] != "/manager" {

@@ -75,12 +75,16 @@ func run(ctx context.Context, verb, cluster string, ps []platforms.Platform) err
 			return fmt.Errorf("the lab is not up (make lab first): %v", err)
 		}
 		cl = lc
+		// The e2e suite's quiet node: the partitions and node OOMs take lab-node-2 and 3.
+		c.ManagerNode = "lab-node-1"
 	case "kind":
 		kc, err := kind.New()
 		if err != nil {
 			return err
 		}
 		cl = kc
+		// The e2e suite's quiet worker: the partition and the node OOM take the other.
+		c.ManagerNode = kc.Cluster + "-worker"
 	default:
 		return fmt.Errorf("-cluster=%q: want lab or kind", cluster)
 	}
