@@ -8,7 +8,7 @@ GO       ?= go
 GOTEST   ?= $(GO) test -count=1
 PKGS_UNIT := ./cmd/... ./conditions/... ./shim/... ./agent/... ./cri/...
 PKGS_INTEGRATION := ./test/...
-MAINS    := coroner-shim coroner-agent coronerctl
+MAINS    := coroner-shim coroner-agent coronerctl coroner-lab
 
 .PHONY: all deps build tools deploy-tools helm-test lint test test-unit test-integration fuzz bench bench-agent bench-agent-storm bench-shim bench-nodeloss bench-on-lab lab lab-down lab-redeploy lab-status test-lab e2e chaos-test e2e-upstream e2e-kind kind-image kind-lab kind-down clean help FORCE
 
@@ -17,7 +17,7 @@ all: build lint test
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-build: ## build coroner-shim, coroner-agent and coronerctl into _output/bin
+build: ## build coroner-shim, coroner-agent, coronerctl and coroner-lab (the lab, and coronerctl chaos's node actions) into _output/bin
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(MAINS))
 	ln -sf coronerctl $(BIN)/kubectl-coroner
@@ -28,11 +28,18 @@ deps: ## install the Debian packages the build, tests and lab need, when missing
 tools: deps ## build Kubernetes v1.36.3, etcd, containerd 2.4 and 1.7 and runc from their Go modules into _output/bin (skips what is built)
 	test/tools/build.sh
 
-lint: ## gofmt and go vet
+# The binaries users install link no test code: the lab's verbs live in coroner-lab.
+PRODUCT_MAINS := coroner-agent coroner-shim coronerctl
+
+lint: ## gofmt, go vet, and no test/ package in the product binaries' imports
 	@bad=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './_output/*')); \
 	  if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 	cd test/tools && $(GO) vet ./etcd/
+	@for m in $(PRODUCT_MAINS); do \
+	  t=$$($(GO) list -deps ./cmd/$$m | grep '^github.com/coroner-dev/coroner/test/' || true); \
+	  if [ -n "$$t" ]; then echo "cmd/$$m links test code (move it to coroner-lab or behind an interface):"; echo "$$t"; exit 1; fi; \
+	done
 
 # The integration tests fail (not skip) under make when the API server binaries or
 # containerd are missing: CI must never pass by skipping the real parts.

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -31,7 +32,11 @@ usage: coroner-lab [flags] COMMAND
   kubeconfig  print the kubeconfig path: export KUBECONFIG=$(coroner-lab kubeconfig)
   demo        run the demo Job again
   redeploy    rebuild coroner-agent and coroner-shim, load their images on every node,
-              apply the overlay again and restart coroner's workloads (after a code change)`
+              apply the overlay again and restart coroner's workloads (after a code change)
+  chaos ACTION ARG
+              the node-side actions of coronerctl chaos, which runs this for them:
+              partition|heal|kill-kubelet|start-kubelet NODE, oom POD [--node], on a node
+              of the lab or of the kind cluster (make kind-lab)`
 
 func main() {
 	var opts struct {
@@ -45,9 +50,24 @@ func main() {
 	fs.BoolVar(&opts.skipDemo, "skip-demo", false, "up: do not run the demo Job")
 	fs.BoolVar(&opts.vm, "vm", lab.VMFromEnv(), "up: add the VM node lab-node-4 (systemd on cgroup v2 under QEMU; default from LAB_VM=1)")
 	fs.StringVar(&opts.overlay, "overlay", "", "up: the kustomization that deploys coroner (default deploy/overlays/lab)")
+	chaos := &chaosOptions{Timeout: 2 * time.Minute}
+	fs.BoolVar(&chaos.Node, "node", false, "chaos oom: lower the memory limit of all the pods of the POD's node (kubepods) instead of the pod's own")
+	fs.DurationVar(&chaos.Timeout, "timeout", chaos.Timeout, "chaos oom: how long to wait for an OOM kill")
+	fs.StringVar(&chaos.LabDir, "lab-repo", "", "chaos: the coroner repository whose lab the action acts on (default the one that holds the working directory or this program)")
+	fs.StringVar(&chaos.Kubeconfig, "kubeconfig", "", "chaos oom: the kubeconfig (default $KUBECONFIG, else the lab's)")
+	fs.StringVar(&chaos.Context, "context", "", "chaos oom: the kubeconfig context")
+	fs.StringVarP(&chaos.Namespace, "namespace", "n", "", "chaos oom: the POD's namespace (default the context's)")
 	cli.Parse(fs, summary, os.Args[1:])
+	if fs.NArg() >= 1 && fs.Arg(0) == "chaos" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := runChaos(ctx, chaos, fs.Args()[1:], os.Stdout); err != nil {
+			fail(err)
+		}
+		return
+	}
 	if fs.NArg() != 1 {
-		cli.Fail(fs.Name(), errors.New("want exactly one command: up, down, status, kubeconfig, demo or redeploy"))
+		cli.Fail(fs.Name(), errors.New("want exactly one command: up, down, status, kubeconfig, demo, redeploy or chaos"))
 	}
 	cfg, err := lab.DefaultConfig()
 	if err != nil {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -203,10 +205,48 @@ func (o *Options) runCluster(ctx context.Context, action, target string, w io.Wr
 	return "", fmt.Errorf("unknown action %q", action)
 }
 
-// quote is a command-line argument as a shell would need it.
-func quote(s string) string {
-	if s != "" && !strings.ContainsAny(s, " \t\n'\"\\$`;&|<>()*?[]{}~#!") {
-		return s
+// labProgram is the program that does the node-side actions: coroner-lab, which links
+// the lab's code (test/lab, test/kind) so that coronerctl does not.
+const labProgram = "coroner-lab"
+
+// runLab has coroner-lab do a node-side action (partition, heal, kill-kubelet,
+// start-kubelet, oom) on this machine's lab or kind cluster: the coroner-lab beside
+// coronerctl (make build puts both in _output/bin), else the one on PATH. Its output,
+// the "undo:" line included, goes to w.
+func (o *Options) runLab(ctx context.Context, action, target string, w io.Writer) (string, error) {
+	bin, err := findLabProgram()
+	if err != nil {
+		return "", err
 	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	args := []string{"chaos", action, target, "--timeout=" + o.Timeout.String()}
+	if o.Node {
+		args = append(args, "--node")
+	}
+	for _, f := range []struct{ name, value string }{{"kubeconfig", o.Kubeconfig}, {"context", o.Context}, {"namespace", o.Namespace}, {"lab-repo", o.LabDir}} {
+		if f.value != "" {
+			args = append(args, "--"+f.name+"="+f.value)
+		}
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("%s %s: %w", labProgram, action, err)
+	}
+	return "", nil
+}
+
+// findLabProgram is coroner-lab beside this program, else on PATH.
+func findLabProgram() (string, error) {
+	if exe, err := os.Executable(); err == nil {
+		if exe, err = filepath.EvalSymlinks(exe); err == nil {
+			p := filepath.Join(filepath.Dir(exe), labProgram)
+			if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+				return p, nil
+			}
+		}
+	}
+	if p, err := exec.LookPath(labProgram); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("partition, heal, kill-kubelet, start-kubelet and oom act on coroner's lab or kind cluster on this machine, through %s (make build puts it beside coronerctl in _output/bin): not found beside coronerctl nor on PATH", labProgram)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
@@ -93,4 +94,12 @@ func UserClient(kubeconfig, context, namespace, userAgent string) (kubernetes.In
 	cfg.UserAgent = userAgent
 	cs, err := kubernetes.NewForConfig(cfg)
 	return cs, ns, err
+}
+
+// Quote is a command-line argument as a shell would need it (for the "undo:" lines).
+func Quote(s string) string {
+	if s != "" && !strings.ContainsAny(s, " \t\n'\"\\$`;&|<>()*?[]{}~#!") {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
