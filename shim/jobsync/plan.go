@@ -22,6 +22,11 @@
 // sync, coroner writes it at most once per sync; counting a pod therefore takes one more
 // sync (triggered by the pod update that removed its finalizer). The observable results
 // (counters, conditions and their order, failedIndexes, completedIndexes) are the same.
+//
+// Files, by concern: sync.go (Sync: one pass in order), pods.go (the pods' view: active,
+// finished, indexes), verdict.go (waiting for the agent's OOM verdict), finish.go (the
+// Job's end), manage.go (creating, deleting, suspending), track.go (finalizer tracking),
+// explain.go (Events), conditions.go (the Job's conditions), plan.go (the Plan).
 package jobsync
 
 import (

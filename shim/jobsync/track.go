@@ -1,0 +1,181 @@
+package jobsync
+
+// Finalizer tracking: finished pods counted into the status through
+// uncountedTerminatedPods, and when a pod's tracking finalizer may go.
+
+import (
+	"slices"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/utils/ptr"
+
+	"github.com/coroner-dev/coroner/shim/backoff"
+	"github.com/coroner-dev/coroner/shim/policy"
+)
+
+// track records newly finished pods in uncountedTerminatedPods (or completedIndexes),
+// counts the pods recorded earlier whose finalizer is gone, plans finalizer removals,
+// adds the interim and terminal conditions, and says what to tell the user.
+func (s *state) track() {
+	job := s.job
+	uncounted := s.status.UncountedTerminatedPods
+	withFinalizer := sets.New[types.UID]()
+	for _, p := range s.in.Pods {
+		if s.tracked(p) {
+			withFinalizer.Insert(p.UID)
+		}
+	}
+	// Pods recorded by an earlier sync whose finalizer is gone are now counted.
+	keep := func(uids []types.UID) []types.UID {
+		return slices.DeleteFunc(slices.Clone(uids), func(u types.UID) bool { return !withFinalizer.Has(u) })
+	}
+	if kept := keep(uncounted.Succeeded); len(kept) != len(uncounted.Succeeded) {
+		s.status.Succeeded += int32(len(uncounted.Succeeded) - len(kept))
+		uncounted.Succeeded = kept
+	}
+	if kept := keep(uncounted.Failed); len(kept) != len(uncounted.Failed) {
+		s.status.Failed += int32(len(uncounted.Failed) - len(kept))
+		uncounted.Failed = kept
+	}
+
+	pods := slices.Clone(s.in.Pods)
+	if s.indexed {
+		slices.SortStableFunc(pods, func(a, b *corev1.Pod) int { return completionIndex(a) - completionIndex(b) })
+	}
+	failures := map[string]int{}
+	reachedMax := false
+	added := 0
+	for _, p := range pods {
+		if !s.tracked(p) {
+			continue
+		}
+		considerFailed := isFailed(p, job)
+		if !s.canRemoveFinalizer(p, considerFailed) {
+			continue
+		}
+		s.plan.RemoveFinalizer = append(s.plan.RemoveFinalizer, p)
+		ix := s.validIndex(p)
+		switch {
+		case p.Status.Phase == corev1.PodSucceeded && !s.uncountedFailed.Has(p.UID):
+			// An Indexed Job records a success in completedIndexes (decideFinish
+			// added the index already); others go through uncountedTerminatedPods.
+			if !s.indexed && !s.uncountedSucceeded.Has(p.UID) {
+				uncounted.Succeeded = append(uncounted.Succeeded, p.UID)
+				added++
+			}
+		case considerFailed || (s.finished != nil && s.finished.Type != batchv1.JobSuccessCriteriaMet):
+			if s.uncountedFailed.Has(p.UID) || (s.indexed && ix == noIndex) {
+				break
+			}
+			r := policy.Match(job.Spec.PodFailurePolicy, p)
+			action := string(r.Action)
+			if !r.Matched() {
+				action = "None"
+			}
+			failures[action]++
+			if r.CountsAsFailure() {
+				uncounted.Failed = append(uncounted.Failed, p.UID)
+				added++
+			}
+			if considerFailed {
+				s.explainFailure(p, r, ix)
+			}
+		}
+		if added >= maxUncountedPods {
+			reachedMax = true
+			break
+		}
+	}
+	if len(failures) > 0 {
+		s.plan.Observations.PodFailures = failures
+	}
+	if s.indexed {
+		s.status.Succeeded = int32(s.succeededIdx.Count())
+		s.status.CompletedIndexes = s.succeededIdx.String()
+		if s.perIndex {
+			s.status.FailedIndexes = ptr.To(s.failedIdx.String())
+		}
+		s.plan.Observations.FinishedIndexes = map[string]int{}
+		if d := s.succeededIdx.Count() - s.prevSucceededIdx.Count(); d > 0 {
+			s.plan.Observations.FinishedIndexes["succeeded"] = d
+		}
+		if d := s.failedIdx.Count() - s.prevFailedIdx.Count(); d > 0 {
+			s.plan.Observations.FinishedIndexes["failed"] = d
+		}
+	}
+
+	if s.finished != nil && s.finished.Type == batchv1.JobFailureTarget {
+		s.status.Conditions = append(s.status.Conditions, *s.finished)
+		s.finished = s.condition(batchv1.JobFailed, s.finished.Reason, s.finished.Message)
+	}
+	if s.finished != nil && s.finished.Type == batchv1.JobSuccessCriteriaMet {
+		if c := findCondition(s.status.Conditions, batchv1.JobSuccessCriteriaMet); c == nil || c.Status != corev1.ConditionTrue {
+			s.status.Conditions = append(s.status.Conditions, *s.finished)
+		}
+		s.finished = s.condition(batchv1.JobComplete, s.finished.Reason, s.finished.Message)
+	}
+	// The terminal condition waits until every pod is counted, none is terminating and
+	// no tracking finalizer is left to remove (this write would precede the removal),
+	// and comes at the earliest one write after its interim condition (FailureTarget,
+	// SuccessCriteriaMet), which is thus always observable, as with the built-in
+	// controller's two writes in one sync.
+	if s.finished == nil || reachedMax || len(uncounted.Succeeded)+len(uncounted.Failed) > 0 || s.terminating > 0 {
+		return
+	}
+	if len(s.plan.RemoveFinalizer) > 0 {
+		s.requeueAfter(backoff.MinRequeue)
+		return
+	}
+	if interim := findCondition(job.Status.Conditions, interimOf(s.finished.Type)); interim == nil || interim.Status != corev1.ConditionTrue {
+		s.requeueAfter(backoff.MinRequeue)
+		return
+	}
+	fin := s.finished
+	s.setCondition(fin.Type, fin.Status, fin.Reason, fin.Message)
+	done := &JobFinished{Succeeded: fin.Type == batchv1.JobComplete, Reason: fin.Reason}
+	s.plan.Observations.JobFinished = done
+	if done.Succeeded {
+		s.status.CompletionTime = ptr.To(s.now)
+		if job.Spec.Completions != nil && s.status.Succeeded > *job.Spec.Completions {
+			s.plan.Events = append(s.plan.Events, Event{corev1.EventTypeWarning, "TooManySucceededPods", "Too many succeeded pods running after completion count reached"})
+		}
+		s.plan.Events = append(s.plan.Events, Event{corev1.EventTypeNormal, "Completed", "Job completed"})
+		return
+	}
+	if fin.Reason == batchv1.JobReasonPodFailurePolicy {
+		// The decision was announced, in these words, when it was taken
+		// (explainFailure): one Event per decision.
+		return
+	}
+	s.plan.Events = append(s.plan.Events, Event{corev1.EventTypeWarning, fin.Reason, fin.Message})
+}
+
+// interimOf names the interim condition that precedes a terminal one.
+func interimOf(t batchv1.JobConditionType) batchv1.JobConditionType {
+	if t == batchv1.JobComplete {
+		return batchv1.JobSuccessCriteriaMet
+	}
+	return batchv1.JobFailureTarget
+}
+
+// canRemoveFinalizer: a finished pod's finalizer goes unless it is a failed pod of an
+// index waiting for its replacement (KEP-3850); everything goes once the Job ends.
+func (s *state) canRemoveFinalizer(p *corev1.Pod, considerFailed bool) bool {
+	if s.job.DeletionTimestamp != nil || s.finished != nil || p.Status.Phase == corev1.PodSucceeded {
+		return true
+	}
+	if !considerFailed {
+		return false
+	}
+	if s.perIndex {
+		if ix := completionIndex(p); ix != noIndex {
+			if w, ok := s.delayed[ix]; ok && w.UID == p.UID {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -1,0 +1,44 @@
+package jobsync
+
+// The wait for the agent's verdict on an OOM-killed pod before it is counted.
+
+import (
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/coroner-dev/coroner/shim/policy"
+)
+
+// awaitVerdicts returns the pods as this sync sees them: a Failed pod whose OOM kill
+// still waits for the agent's verdict (policy.AwaitingVerdict) is seen as it was a moment
+// before, Running: not counted, not replaced, its finalizer kept, until the verdict is in
+// or the wait is over. The second result is the shortest wait left, for a requeue. The
+// informer's pods are not modified: a waiting pod is a shallow copy with its own status.
+func awaitVerdicts(in Input) ([]*corev1.Pod, time.Duration) {
+	var pods []*corev1.Pod
+	var shortest time.Duration
+	for i, p := range in.Pods {
+		left := policy.AwaitingVerdict(in.Job, p, in.Now, in.VerdictWait)
+		if left <= 0 {
+			if pods != nil {
+				pods = append(pods, p)
+			}
+			continue
+		}
+		if pods == nil {
+			pods = append(make([]*corev1.Pod, 0, len(in.Pods)), in.Pods[:i]...)
+		}
+		view := *p
+		view.Status = *p.Status.DeepCopy()
+		view.Status.Phase = corev1.PodRunning
+		pods = append(pods, &view)
+		if shortest == 0 || left < shortest {
+			shortest = left
+		}
+	}
+	if pods == nil {
+		return in.Pods, 0
+	}
+	return pods, shortest
+}
