@@ -23,8 +23,8 @@
 // sync (triggered by the pod update that removed its finalizer). The observable results
 // (counters, conditions and their order, failedIndexes, completedIndexes) are the same.
 //
-// Files, by concern: sync.go (Sync: one pass in order), pods.go (the pods' view: active,
-// finished, indexes), verdict.go (waiting for the agent's OOM verdict), finish.go (the
+// Files, by concern: sync.go (Sync: one pass in order), pods.go (pod predicates, removal order,
+// new pods), verdict.go (waiting for the agent's OOM verdict), finish.go (the
 // Job's end), manage.go (creating, deleting, suspending), track.go (finalizer tracking),
 // explain.go (Events), conditions.go (the Job's conditions), plan.go (the Plan).
 package jobsync
