@@ -262,17 +262,7 @@ func TestLimitOOMStamped(t *testing.T) {
 	p := newPod("hog", uid, corev1.RestartPolicyNever, "main")
 	e := newTestEnv(t, nil, p)
 	id := containerID(1)
-	cg := podCgroup(uid) + "/" + id
-	e.writeCgroup(podCgroup(uid), 0, 0, 0, 0)
-	e.writeCgroup(cg, 0, 0, 20<<20, 1<<20, 4242)
-
-	e.src.Send(event(cri.Started, p, "main", id))
-	e.until("the start reading", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		c := e.a.containers[id]
-		return c != nil && c.podAtStart != nil && len(c.pids) == 1
-	})
+	cg := e.startedWith20MiB(p, id, 4242)
 	e.kernel <- oomKill(p, id, 4242)
 	e.until("the kernel kill read", func() bool {
 		e.a.mu.Lock()
@@ -780,16 +770,7 @@ func TestLateOOMEvidence(t *testing.T) {
 	killed := newPod("killed", types.UID("ffffffff-ffff-4fff-8fff-ffffffffffff"), corev1.RestartPolicyNever, "main")
 	e := newTestEnv(t, nil, p, killed)
 	id := containerID(40)
-	cg := podCgroup(uid) + "/" + id
-	e.writeCgroup(podCgroup(uid), 0, 0, 0, 0)
-	e.writeCgroup(cg, 0, 0, 20<<20, 1<<20, 77)
-	e.src.Send(event(cri.Started, p, "main", id))
-	e.until("the start reading", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		c := e.a.containers[id]
-		return c != nil && c.podAtStart != nil
-	})
+	cg := e.startedWith20MiB(p, id, 77)
 	e.writeCgroup(cg, 0, 12, 20<<20, 20<<20, 77)
 	e.writeCgroup(podCgroup(uid), 0, 12, 0, 20<<20)
 	e.src.Send(exited(p, "main", id, 137, "Error"))
@@ -826,4 +807,22 @@ func TestLateOOMEvidence(t *testing.T) {
 	if c := conditions.Find(&e.pod("killed").Status, conditions.OOMKilled); c != nil {
 		t.Errorf("a SIGKILL without OOM evidence stamped %+v", c)
 	}
+}
+
+// startedWith20MiB starts p's container "main" as id, its cgroup (returned) limited to
+// 20 MiB with 1 MiB in use and pid in it, the pod's cgroup at zero, and returns once the
+// agent has read both at the start.
+func (e *testEnv) startedWith20MiB(p *corev1.Pod, id string, pid int) string {
+	e.t.Helper()
+	cg := podCgroup(p.UID) + "/" + id
+	e.writeCgroup(podCgroup(p.UID), 0, 0, 0, 0)
+	e.writeCgroup(cg, 0, 0, 20<<20, 1<<20, pid)
+	e.src.Send(event(cri.Started, p, "main", id))
+	e.until("the start reading", func() bool {
+		e.a.mu.Lock()
+		defer e.a.mu.Unlock()
+		c := e.a.containers[id]
+		return c != nil && c.podAtStart != nil && len(c.pids) == 1
+	})
+	return cg
 }

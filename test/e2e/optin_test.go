@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -21,23 +22,7 @@ import (
 func TestNamespaceOptIn(t *testing.T) {
 	t.Parallel()
 	ctx, ns := setup(t, 4*time.Minute)
-	n, err := suite.cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n.Labels == nil {
-		n.Labels = map[string]string{}
-	}
-	n.Labels["coroner.dev/jobs"] = "managed"
-	if _, err := suite.cs.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("labelling namespace %s: %v", ns, err)
-	}
-	// The label takes effect once the API server's admission has seen it (README).
-	took, err := lab.WaitOptIn(ctx, suite.cs, ns, true, 30*time.Second)
-	if err != nil {
-		t.Fatalf("the label coroner.dev/jobs=managed on namespace %s: %v", ns, err)
-	}
-	t.Logf("the opt-in applied %v after the label", took.Round(time.Millisecond))
+	optIn(ctx, t, ns)
 
 	exit3 := func(name string) *batchv1.Job {
 		return wrappers.MakeJob(name, ns).TerminationGracePeriodSeconds(1).BackoffLimit(6).
@@ -62,4 +47,27 @@ func TestNamespaceOptIn(t *testing.T) {
 	wantOutcome(t, ref, want)
 	// Only coroner explains each decision with an Event of its own.
 	wantEvent(ctx, t, ns, handed.Name, conditions.EventReasonPodFailurePolicy, "failed with exit code 3", "matching FailJob rule at index 0")
+}
+
+// optIn labels the namespace coroner.dev/jobs=managed and waits until the opt-in hands
+// its new Jobs to coroner: the label takes effect once the API server's admission has
+// seen it (README).
+func optIn(ctx context.Context, t *testing.T, ns string) {
+	t.Helper()
+	n, err := suite.cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Labels == nil {
+		n.Labels = map[string]string{}
+	}
+	n.Labels["coroner.dev/jobs"] = "managed"
+	if _, err := suite.cs.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("labelling namespace %s: %v", ns, err)
+	}
+	took, err := lab.WaitOptIn(ctx, suite.cs, ns, true, 30*time.Second)
+	if err != nil {
+		t.Fatalf("the label coroner.dev/jobs=managed on namespace %s: %v", ns, err)
+	}
+	t.Logf("the opt-in applied %v after the label", took.Round(time.Millisecond))
 }

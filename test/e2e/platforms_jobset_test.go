@@ -222,52 +222,8 @@ func TestPlatformCronJob(t *testing.T) {
 	t.Parallel()
 	sideBySide(t, func(t *testing.T, run controllerRun) cronStory {
 		ctx, ns := platformNamespace(t, run, 8*time.Minute)
-		apply(ctx, t, fmt.Sprintf(`apiVersion: batch/v1
-kind: CronJob
-metadata:
-  name: forbid
-  namespace: %[1]s
-spec:
-  schedule: "* * * * *"
-  concurrencyPolicy: Forbid
-  successfulJobsHistoryLimit: 1
-  jobTemplate:
-    spec:
-      backoffLimit: 0
-      template:
-        spec:
-          restartPolicy: Never
-          terminationGracePeriodSeconds: 1
-          nodeSelector:
-            %[2]s: %[3]s
-          containers:
-          - name: main
-            image: busybox:local
-            imagePullPolicy: Never
-            command: ["sleep", "65"]
----
-apiVersion: batch/v1
-kind: CronJob
-metadata:
-  name: replace
-  namespace: %[1]s
-spec:
-  schedule: "* * * * *"
-  concurrencyPolicy: Replace
-  jobTemplate:
-    spec:
-      template:
-        spec:
-          restartPolicy: Never
-          terminationGracePeriodSeconds: 1
-          nodeSelector:
-            %[2]s: %[3]s
-          containers:
-          - name: main
-            image: busybox:local
-            imagePullPolicy: Never
-            command: ["sleep", "600"]
-`, ns, hostnameLabel, quietNode))
+		apply(ctx, t, cronJob("forbid", ns, batchv1.ForbidConcurrent, 65, "successfulJobsHistoryLimit: 1", "backoffLimit: 0")+
+			"---\n"+cronJob("replace", ns, batchv1.ReplaceConcurrent, 600, "", ""))
 		var story cronStory
 		var firstReplace string
 		completedForbid := map[string]bool{}
@@ -347,4 +303,38 @@ spec:
 			t.Errorf("CronJob over coroner:\n  got  %+v\n  want %+v", coroner, want)
 		}
 	})
+}
+
+// cronJob is a CronJob running every minute on the quiet node, its Jobs sleeping for
+// sleep seconds; cronExtra and jobExtra are more fields of the CronJob's and the Job's
+// specs ("" for none).
+func cronJob(name, ns string, policy batchv1.ConcurrencyPolicy, sleep int, cronExtra, jobExtra string) string {
+	indent := func(s, pad string) string {
+		if s == "" {
+			return ""
+		}
+		return pad + s + "\n"
+	}
+	return fmt.Sprintf(`apiVersion: batch/v1
+kind: CronJob
+metadata:
+  name: %[1]s
+  namespace: %[2]s
+spec:
+  schedule: "* * * * *"
+  concurrencyPolicy: %[3]s
+%[4]s  jobTemplate:
+    spec:
+%[5]s      template:
+        spec:
+          restartPolicy: Never
+          terminationGracePeriodSeconds: 1
+          nodeSelector:
+            %[6]s: %[7]s
+          containers:
+          - name: main
+            image: busybox:local
+            imagePullPolicy: Never
+            command: ["sleep", "%[8]d"]
+`, name, ns, policy, indent(cronExtra, "  "), indent(jobExtra, "      "), hostnameLabel, quietNode, sleep)
 }

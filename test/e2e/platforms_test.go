@@ -102,22 +102,8 @@ func sideBySide[R any](t *testing.T, f func(t *testing.T, run controllerRun) R, 
 func platformNamespace(t *testing.T, run controllerRun, timeout time.Duration) (context.Context, string) {
 	t.Helper()
 	ctx, ns := setup(t, timeout)
-	if !run.coroner {
-		return ctx, ns
-	}
-	n, err := suite.cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n.Labels == nil {
-		n.Labels = map[string]string{}
-	}
-	n.Labels["coroner.dev/jobs"] = "managed"
-	if _, err := suite.cs.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("label namespace %s: %v", ns, err)
-	}
-	if _, err := lab.WaitOptIn(ctx, suite.cs, ns, true, 30*time.Second); err != nil {
-		t.Fatalf("opt-in of namespace %s: %v", ns, err)
+	if run.coroner {
+		optIn(ctx, t, ns)
 	}
 	return ctx, ns
 }

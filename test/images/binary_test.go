@@ -35,32 +35,9 @@ func TestFromBinary(t *testing.T) {
 	if len(index.Manifests) != 1 || index.Manifests[0].Annotations["io.containerd.image.name"] != AgentName {
 		t.Fatalf("index.json %s", files["index.json"])
 	}
-	var manifest struct {
-		Config descriptor   `json:"config"`
-		Layers []descriptor `json:"layers"`
-	}
-	if err := json.Unmarshal(files[blobPath(img.Digest)], &manifest); err != nil {
-		t.Fatal(err)
-	}
-	var config struct {
-		Config struct {
-			Entrypoint []string `json:"Entrypoint"`
-		} `json:"config"`
-	}
-	if err := json.Unmarshal(files[blobPath(manifest.Config.Digest)], &config); err != nil {
-		t.Fatal(err)
-	}
-	if strings.Join(config.Config.Entrypoint, " ") != "/coroner-agent" {
-		t.Errorf("entrypoint %q, want [/coroner-agent]", config.Config.Entrypoint)
-	}
-	layer := map[string]*tar.Header{}
-	tr := tar.NewReader(strings.NewReader(string(files[blobPath(manifest.Layers[0].Digest)])))
-	for {
-		h, err := tr.Next()
-		if err != nil {
-			break
-		}
-		layer[h.Name] = h
+	config, layer := imageParts(t, files, img.Digest)
+	if strings.Join(config.Entrypoint, " ") != "/coroner-agent" {
+		t.Errorf("entrypoint %q, want [/coroner-agent]", config.Entrypoint)
 	}
 	if h := layer["coroner-agent"]; h == nil || h.Typeflag != tar.TypeReg || h.Mode != 0o755 {
 		t.Errorf("layer entry coroner-agent: %+v", h)
@@ -104,43 +81,51 @@ func TestFromBinaryAs(t *testing.T) {
 	if img.Tarball != filepath.Join(dir, "kueue.tar") {
 		t.Errorf("tarball %s", img.Tarball)
 	}
-	files := readTar(t, img.Tarball)
-	var manifest struct {
-		Config descriptor   `json:"config"`
-		Layers []descriptor `json:"layers"`
+	config, layer := imageParts(t, readTar(t, img.Tarball), img.Digest)
+	if strings.Join(config.Entrypoint, " ") != "/manager" || config.User != "65532:65532" {
+		t.Errorf("config %+v, want entrypoint /manager, user 65532:65532", config)
 	}
-	if err := json.Unmarshal(files[blobPath(img.Digest)], &manifest); err != nil {
-		t.Fatal(err)
-	}
-	var config struct {
-		Config struct {
-			Entrypoint []string `json:"Entrypoint"`
-			User       string   `json:"User"`
-		} `json:"config"`
-	}
-	if err := json.Unmarshal(files[blobPath(manifest.Config.Digest)], &config); err != nil {
-		t.Fatal(err)
-	}
-	if strings.Join(config.Config.Entrypoint, " ") != "/manager" || config.Config.User != "65532:65532" {
-		t.Errorf("config %+v, want entrypoint /manager, user 65532:65532", config.Config)
-	}
-	tr := tar.NewReader(strings.NewReader(string(files[blobPath(manifest.Layers[0].Digest)])))
-	found := false
-	for {
-		h, err := tr.Next()
-		if err != nil {
-			break
-		}
-		if h.Name == "manager" && h.Typeflag == tar.TypeReg && h.Mode == 0o755 {
-			found = true
-		}
-	}
-	if !found {
-		t.Error("layer lacks an executable manager at its root")
+	if h := layer["manager"]; h == nil || h.Typeflag != tar.TypeReg || h.Mode != 0o755 {
+		t.Errorf("layer entry manager: %+v, want an executable file at the image's root", h)
 	}
 	for _, bad := range []string{"", "bin/manager"} {
 		if _, err := FromBinaryAs(dir, "coroner.dev/kueue:v0.17.0", bin, bad, ""); err == nil {
 			t.Errorf("entry %q: want an error", bad)
 		}
 	}
+}
+
+// runConfig is the part of an image's config the tests read.
+type runConfig struct {
+	Entrypoint []string `json:"Entrypoint"`
+	User       string   `json:"User"`
+}
+
+// imageParts reads the config and the (only) layer's entries of the image whose manifest
+// has digest, from the files of its tarball.
+func imageParts(t *testing.T, files map[string][]byte, digest string) (runConfig, map[string]*tar.Header) {
+	t.Helper()
+	var manifest struct {
+		Config descriptor   `json:"config"`
+		Layers []descriptor `json:"layers"`
+	}
+	if err := json.Unmarshal(files[blobPath(digest)], &manifest); err != nil {
+		t.Fatal(err)
+	}
+	var config struct {
+		Config runConfig `json:"config"`
+	}
+	if err := json.Unmarshal(files[blobPath(manifest.Config.Digest)], &config); err != nil {
+		t.Fatal(err)
+	}
+	layer := map[string]*tar.Header{}
+	tr := tar.NewReader(strings.NewReader(string(files[blobPath(manifest.Layers[0].Digest)])))
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		layer[h.Name] = h
+	}
+	return config.Config, layer
 }
