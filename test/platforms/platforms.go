@@ -123,6 +123,10 @@ func (c Config) Install(ctx context.Context, cl Cluster, ps []Platform) error {
 		if _, err := os.Stat(bin); err != nil {
 			return fmt.Errorf("%s: no manager at %s (test/tools/build.sh %s): %w", p.Name, bin, p.Name, err)
 		}
+		// build.sh stamps the version it built: the manifests must be of the same one.
+		if b, err := os.ReadFile(filepath.Join(c.BinDir, "platforms", "."+p.Name+".stamp")); err != nil || strings.TrimSpace(string(b)) != p.Version {
+			return fmt.Errorf("%s: the manager in %s was not built from %s (stamp %q): test/tools/build.sh and test/platforms name different versions", p.Name, bin, p.Version, strings.TrimSpace(string(b)))
+		}
 		// Their manifests run /manager as a user that is not root (runAsNonRoot).
 		img, err := images.FromBinaryAs(filepath.Join(c.Out, "images"), p.Image, bin, "manager", "65532:65532")
 		if err != nil {
