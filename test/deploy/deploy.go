@@ -19,7 +19,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -30,6 +29,7 @@ import (
 	agentmetrics "github.com/coroner-dev/coroner/agent/metrics"
 	"github.com/coroner-dev/coroner/cri"
 	shimmetrics "github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/test/host"
 )
 
 // Paths of the monitoring files, relative to the repository's root.
@@ -40,10 +40,15 @@ const (
 	ChartDir      = "deploy/helm/coroner"
 )
 
-// Root returns the repository's root directory.
+// Root returns the repository's root directory: the one that holds the working
+// directory (a test's is its package's). Not from runtime.Caller: the Makefile builds
+// with -trimpath, which leaves no absolute source paths.
 func Root() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	root, err := host.RepoRoot()
+	if err != nil {
+		return "."
+	}
+	return root
 }
 
 // Tool returns the path of a tool test/tools/build.sh builds ($CORONER_BIN_DIR, else

@@ -140,6 +140,11 @@ func TestPlatformJobSetNodeOOMIgnored(t *testing.T) {
 			}
 			time.Sleep(2 * time.Second) // let it grow past everything else on the node
 			coronerctl(ctx, t, "chaos", "oom", "-n", ns, victim.Name, "--node")
+			// The kernel picks the node's biggest task: it must be the worker (seen on a
+			// CI run whose Kueue manager, on the same node then, was bigger and was killed).
+			waitPod(ctx, t, ns, victim.Name, "the worker killed by the node OOM", time.Minute, func(p *corev1.Pod) bool {
+				return p == nil || terminated(p) != nil
+			})
 			story := waitJobSet(ctx, t, ns, "train", run, 3*time.Minute)
 			p := pod(ctx, t, ns, victim.Name)
 			wantCondition(t, p, corev1.DisruptionTarget, conditions.ReasonNodeOOMKill)
