@@ -222,16 +222,18 @@ func TestPlatformKueueQueueing(t *testing.T) {
 		err := lab.Poll(ctx, 4*time.Minute, "the three Jobs to run one after the other", func() (bool, error) {
 			running := 0
 			for _, n := range names {
+				// The pods first, then the Job: a Job never admitted and still suspended
+				// after the list was suspended when it was taken, so its pods must be none
+				// (the other order races with an admission between the two reads).
+				pods := jobPods(ctx, t, ns, n)
 				j, err := suite.cs.BatchV1().Jobs(ns).Get(ctx, n, metav1.GetOptions{})
 				if err != nil {
 					return false, err
 				}
 				suspended := ptr.Deref(j.Spec.Suspend, false)
-				if suspended && admitted[n].IsZero() {
+				if suspended && admitted[n].IsZero() && len(pods) > 0 {
 					// Held by Kueue: no pod may exist.
-					if pods := jobPods(ctx, t, ns, n); len(pods) > 0 {
-						return false, fmt.Errorf("Job %s is suspended (queued) but has pod %s", n, pods[0].Name)
-					}
+					return false, fmt.Errorf("Job %s is suspended (queued) but has pod %s", n, pods[0].Name)
 				}
 				if !suspended && admitted[n].IsZero() {
 					admitted[n] = time.Now()
