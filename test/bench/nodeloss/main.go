@@ -60,9 +60,12 @@ import (
 	"github.com/coroner-dev/coroner/test/lab"
 )
 
+// namespace is the partition's: the second partition has its own, since the first's is
+// still being deleted then (its pods on the healed node go at the kubelet's pace).
+var namespace = "bench-nodeloss"
+
 const (
-	victim    = "lab-node-3"
-	namespace = "bench-nodeloss"
+	victim = "lab-node-3"
 	// kueueRecovered is the condition Kueue's failure recovery adds to a pod it fails.
 	kueueRecovered = "KueueFailureRecovery"
 )
@@ -175,6 +178,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	namespace = "bench-nodeloss-unfenced"
 	alone := []*variant{
 		{name: "coroner + Kueue (both opted in), no fencing", job: "coroner-unfenced", managed: true, optIn: true, policy: true, replace: batchv1.Failed},
 		{name: "Kueue alone (built-in Job, both opted in; shim: its own Jobs only)", job: "kueue-alone", optIn: true, policy: true, replace: batchv1.Failed},
