@@ -35,6 +35,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -341,12 +342,12 @@ func unfenced(ctx context.Context, cfg lab.Config) (func(), error) {
 	}
 	agentArgs, shimArgs := ds.Spec.Template.Spec.Containers[0].Args, dep.Spec.Template.Spec.Containers[0].Args
 	set := func(agent, shim []string) error {
-		a, _ := jsonList(agent)
-		s, _ := jsonList(shim)
-		if err := kubectl("patch", "daemonset", "coroner-agent", "--type=json", "-p", `[{"op":"replace","path":"/spec/template/spec/containers/0/args","value":`+a+`}]`); err != nil {
+		a, _ := json.Marshal(agent) // a []string always marshals
+		s, _ := json.Marshal(shim)
+		if err := kubectl("patch", "daemonset", "coroner-agent", "--type=json", "-p", `[{"op":"replace","path":"/spec/template/spec/containers/0/args","value":`+string(a)+`}]`); err != nil {
 			return err
 		}
-		if err := kubectl("patch", "deployment", "coroner-shim", "--type=json", "-p", `[{"op":"replace","path":"/spec/template/spec/containers/0/args","value":`+s+`}]`); err != nil {
+		if err := kubectl("patch", "deployment", "coroner-shim", "--type=json", "-p", `[{"op":"replace","path":"/spec/template/spec/containers/0/args","value":`+string(s)+`}]`); err != nil {
 			return err
 		}
 		if err := kubectl("rollout", "status", "daemonset/coroner-agent", "--timeout=3m"); err != nil {
@@ -373,15 +374,6 @@ func unfenced(ctx context.Context, cfg lab.Config) (func(), error) {
 	}
 	say("turning the agents' fencing off and coroner-shim's recovery to --recover-pods=managed")
 	return restore, set(noFence, managedOnly)
-}
-
-// jsonList is a JSON array of strings.
-func jsonList(l []string) (string, error) {
-	q := make([]string, len(l))
-	for i, s := range l {
-		q[i] = fmt.Sprintf("%q", s)
-	}
-	return "[" + strings.Join(q, ",") + "]", nil
 }
 
 func jobFor(v *variant, o options) *batchv1.Job {
