@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/lab"
@@ -167,12 +166,9 @@ func TestPlatformJobSetNodeOOMIgnored(t *testing.T) {
 // waitJobSet waits for the JobSet's Completed or Failed condition and tells its story.
 func waitJobSet(ctx context.Context, t *testing.T, ns, name string, run controllerRun, timeout time.Duration) jobSetStory {
 	t.Helper()
-	dc, err := dynamic.NewForConfig(suite.rest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dc := dynamicClient(t)
 	var story jobSetStory
-	err = lab.Poll(ctx, timeout, "JobSet "+name+" to finish", func() (bool, error) {
+	err := lab.Poll(ctx, timeout, "JobSet "+name+" to finish", func() (bool, error) {
 		js, err := dc.Resource(jobSetsGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil

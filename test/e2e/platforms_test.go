@@ -39,6 +39,23 @@ var (
 	jobSetsGVR   = schema.GroupVersionResource{Group: "jobset.x-k8s.io", Version: "v1alpha2", Resource: "jobsets"}
 )
 
+var dynamicOnce struct {
+	once sync.Once
+	dc   dynamic.Interface
+	err  error
+}
+
+// dynamicClient is the suite's client for the platforms' objects (Workloads, JobSets),
+// made once.
+func dynamicClient(t *testing.T) dynamic.Interface {
+	t.Helper()
+	dynamicOnce.once.Do(func() { dynamicOnce.dc, dynamicOnce.err = dynamic.NewForConfig(suite.rest) })
+	if dynamicOnce.err != nil {
+		t.Fatal(dynamicOnce.err)
+	}
+	return dynamicOnce.dc
+}
+
 var platformsCheck struct {
 	once sync.Once
 	err  error
@@ -494,11 +511,7 @@ func TestPlatformKueueWaitForPodsReady(t *testing.T) {
 // Workload ("" when there is none).
 func workloadCondition(ctx context.Context, t *testing.T, ns, ctype string) string {
 	t.Helper()
-	dc, err := dynamic.NewForConfig(suite.rest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := dc.Resource(workloadsGVR).Namespace(ns).List(ctx, metav1.ListOptions{})
+	l, err := dynamicClient(t).Resource(workloadsGVR).Namespace(ns).List(ctx, metav1.ListOptions{})
 	if err != nil || len(l.Items) == 0 {
 		return ""
 	}
