@@ -155,7 +155,11 @@ func apply(ctx context.Context, t *testing.T, doc string, cleanup ...string) {
 // kueueQueue makes, for the namespace alone, a ResourceFlavor that sends pods to the
 // quiet node (Kueue writes its node labels into a Job's pod template at admission), a
 // ClusterQueue with cpuQuota of it (preempting lower priorities within itself), and the
-// LocalQueue "q" in the namespace.
+// LocalQueue "q" in the namespace. Quotas and requests are tens of millicores: every
+// case's queues send pods to the one quiet node, both runs of a case at once and the
+// cases in parallel, beside Kueue's and JobSet's managers (500m each); with 400m a pod the
+// node once ran out of CPU, a pod stayed Pending past waitForPodsReady's 40 s, and Kueue
+// evicted a Job the case never meant to.
 func kueueQueue(ctx context.Context, t *testing.T, ns, cpuQuota string) {
 	t.Helper()
 	apply(ctx, t, fmt.Sprintf(`apiVersion: kueue.x-k8s.io/v1beta2
@@ -226,10 +230,10 @@ func TestPlatformKueueQueueing(t *testing.T) {
 	t.Parallel()
 	sideBySide(t, func(t *testing.T, run controllerRun) kueueStory {
 		ctx, ns := platformNamespace(t, run, 6*time.Minute)
-		kueueQueue(ctx, t, ns, "500m")
+		kueueQueue(ctx, t, ns, "50m")
 		names := []string{"first", "second", "third"}
 		for _, n := range names {
-			createJob(ctx, t, queuedJob(n, ns, "400m", "sleep 6"))
+			createJob(ctx, t, queuedJob(n, ns, "40m", "sleep 6"))
 			// Kueue orders a queue by creation time, which has a second's resolution.
 			time.Sleep(1100 * time.Millisecond)
 		}
@@ -355,7 +359,7 @@ metadata:
   name: %[1]s-high
 value: 1000
 `, ns), "workloadpriorityclass/"+ns+"-low", "workloadpriorityclass/"+ns+"-high")
-		kueueQueue(ctx, t, ns, "500m")
+		kueueQueue(ctx, t, ns, "50m")
 
 		// Index 0 succeeds, index 1 fails once (exit 1, counted) and then succeeds, index
 		// 2 runs until preempted, and again after. Index 0 succeeds first so that the Job
@@ -363,7 +367,7 @@ value: 1000
 		// first, with its per-index backoff, can outlast waitForPodsReady's 40 s on a
 		// loaded node, and that eviction (which deletes the retry, and with it the
 		// failure count it carried, in both controllers) is not the story told here.
-		low := queuedJob("low", ns, "400m", `case $JOB_COMPLETION_INDEX in
+		low := queuedJob("low", ns, "40m", `case $JOB_COMPLETION_INDEX in
 0) exit 0 ;;
 1) [ "$FAILURES" = 0 ] && exit 1; exit 0 ;;
 *) sleep 600 ;;
@@ -383,7 +387,7 @@ esac`)
 		}
 		story.BeforeCompleted, story.BeforeFailed = j.Status.CompletedIndexes, j.Status.Failed
 
-		high := queuedJob("high", ns, "400m", "sleep 3")
+		high := queuedJob("high", ns, "40m", "sleep 3")
 		high.Labels[kueuePriorityLabel] = ns + "-high"
 		createJob(ctx, t, high)
 
@@ -471,8 +475,8 @@ func TestPlatformKueueWaitForPodsReady(t *testing.T) {
 	t.Parallel()
 	sideBySide(t, func(t *testing.T, run controllerRun) requeueStory {
 		ctx, ns := platformNamespace(t, run, 5*time.Minute)
-		kueueQueue(ctx, t, ns, "500m")
-		j := queuedJob("stuck", ns, "100m", "true")
+		kueueQueue(ctx, t, ns, "50m")
+		j := queuedJob("stuck", ns, "10m", "true")
 		j.Spec.Template.Spec.Containers[0].Image = "busybox:never-there"
 		createJob(ctx, t, j)
 
