@@ -62,7 +62,7 @@ test-unit: ## unit tests only: pure packages, no API server
 test-integration: tools ## integration tests against a real etcd + kube-apiserver and containerd
 	$(REQUIRE) $(GOTEST) -v $(PKGS_INTEGRATION)
 
-deploy-tools: ## Helm, Prometheus and promtool from their Go modules into _output/bin (~5 min cold, then seconds)
+deploy-tools: ## Helm, Prometheus, promtool (and CoreDNS for kind) from one module of test tools, test/tools/deploytools, into _output/bin (one go build; seconds when built)
 	test/tools/build.sh helm prometheus promtool
 
 helm-test: tools deploy-tools ## the Helm chart vs kustomize, helm install into a real API server, promtool rule tests, dashboard queries
