@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -19,6 +20,7 @@ import (
 	"github.com/coroner-dev/coroner/agent/fence"
 	"github.com/coroner-dev/coroner/agent/kmsg"
 	"github.com/coroner-dev/coroner/agent/metrics"
+	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/cri"
 )
 
@@ -56,7 +58,9 @@ const (
 // containers of its node's opted-in pods over CRI (cri.RuntimeClient, a connection of its
 // own to the watcher's runtime, the discovered one with "auto") until one does: see agent/fence. The Lease has an API
 // client of its own (LeaseClientQPS), so that pod writes never hold up a renewal. Without
-// it there is no Lease and nothing is ever stopped.
+// it there is no Lease and nothing is ever stopped; a Lease that an earlier agent of the
+// node (with --fencing) left loses its fence-after annotation at the start (fence.Disown),
+// or the shim would take the stale Lease for a fence and recover pods nobody stopped.
 //
 // With opts.Fencing an API server that cannot be reached at start is logged, not an
 // error, and not waited for (the check runs beside the start): an agent that exited then
@@ -145,6 +149,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		fencing = &fence.Config{Namespace: opts.LeaseNamespace, FenceAfter: opts.FenceAfter, Runtime: rt, Client: leaseClient, Start: start}
 	} else {
 		logger.Info("Fencing is off (no --fencing): no Lease, the agent never stops containers")
+		if err := disownLease(ctx, client, opts); err != nil {
+			return err
+		}
 	}
 
 	a, err := New(Config{
@@ -236,4 +243,25 @@ func serve(ctx context.Context, addr string, mux http.Handler) (*http.Server, er
 		}
 	}()
 	return s, nil
+}
+
+// disownLease takes the fence-after annotation off the Lease an earlier agent of this node
+// left when it fenced (fence.Disown): without it the shim would take this agent's silence
+// for a fence. A Lease the agent may not read or write (RBAC without Leases: no agent of
+// it could have fenced either) is logged, not an error; any other failure stops the start,
+// since the API server answered a moment ago and a stale Lease is unsafe.
+func disownLease(ctx context.Context, client kubernetes.Interface, opts *Options) error {
+	logger := klog.FromContext(ctx)
+	l, err := fence.Disown(ctx, client, opts.LeaseNamespace, opts.NodeName)
+	switch {
+	case apierrors.IsForbidden(err):
+		logger.Error(err, "Cannot check for a fencing Lease left by an earlier agent with --fencing; if there is one, the shim takes this node for fenced once the Lease is stale",
+			"lease", klog.KRef(opts.LeaseNamespace, conditions.AgentLeaseName(opts.NodeName)))
+	case err != nil:
+		return err
+	case l != nil:
+		logger.Info("Took fence-after off the Lease an earlier agent with --fencing left: the shim no longer takes this node's silence for a fence",
+			"lease", klog.KObj(l))
+	}
+	return nil
 }

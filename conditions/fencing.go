@@ -29,7 +29,8 @@ const (
 	// AgentLeasePrefix prefixes the node name in the agent's Lease name.
 	AgentLeasePrefix = "coroner-agent-"
 	// AnnotationFenceAfter (on the agent's Lease) is the agent's --fence-after as a Go
-	// duration ("45s"); absent when the agent does not fence.
+	// duration ("45s"); absent when the agent does not fence (an agent started without
+	// --fencing takes it off the Lease an earlier one left).
 	AnnotationFenceAfter = Prefix + "fence-after"
 	// AnnotationFencedAt (on the agent's Lease) is when the agent last fenced its node,
 	// RFC 3339; written once it can reach the API server again, for the record.

@@ -48,3 +48,20 @@ func DesiredLease(cur *coordinationv1.Lease, namespace, node string, fenceAfter 
 	l.Spec.RenewTime = &renewed
 	return l
 }
+
+// FencingOffLease is cur (not modified) as an agent without --fencing leaves it: without
+// conditions.AnnotationFenceAfter, so that the shim reads "the node's agent does not fence"
+// instead of taking the silence of an agent that no longer renews for a fence
+// (conditions.NodeFenced). The fenced-at record and the rest stay. Nil when cur is nil or
+// has no fence-after: nothing to change.
+func FencingOffLease(cur *coordinationv1.Lease) *coordinationv1.Lease {
+	if cur == nil {
+		return nil
+	}
+	if _, ok := cur.Annotations[conditions.AnnotationFenceAfter]; !ok {
+		return nil
+	}
+	l := cur.DeepCopy()
+	delete(l.Annotations, conditions.AnnotationFenceAfter)
+	return l
+}

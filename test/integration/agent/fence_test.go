@@ -145,6 +145,8 @@ type fencingAgent struct {
 	// exited is closed when agent.Run returns, with err its error.
 	exited chan struct{}
 	err    error
+	// stop ends the agent and waits for agent.Run to return (again: at once).
+	stop func()
 }
 
 // running fails the test if agent.Run has returned.
@@ -162,13 +164,23 @@ func (a *fencingAgent) running(t *testing.T) {
 // /metrics (which does not need the API server).
 func startFencingAgent(t *testing.T, f *fixture, node, host string, fenceAfter time.Duration) *fencingAgent {
 	t.Helper()
+	return startLeaseAgent(t, f, node, host, true, fenceAfter)
+}
+
+// startLeaseAgent is startFencingAgent with the choice of --fencing (fenceAfter unused
+// without it).
+func startLeaseAgent(t *testing.T, f *fixture, node, host string, fencing bool, fenceAfter time.Duration) *fencingAgent {
+	t.Helper()
 	opts := agent.NewOptions()
 	opts.NodeName = node
 	opts.RuntimeEndpoint = f.cri.Endpoint
 	opts.PhaseGrace = phaseGrace
 	opts.MetricsAddress = freeAddr(t)
 	opts.QPS, opts.Burst = 50, 100
-	opts.Fencing, opts.FenceAfter, opts.LeaseNamespace = true, fenceAfter, f.ns
+	opts.Fencing, opts.LeaseNamespace = fencing, f.ns
+	if fencing {
+		opts.FenceAfter = fenceAfter
+	}
 	if err := opts.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +194,7 @@ func startFencingAgent(t *testing.T, f *fixture, node, host string, fenceAfter t
 		defer close(a.exited)
 		a.err = agent.Run(ctx, cfg, opts)
 	}()
-	t.Cleanup(func() {
+	a.stop = func() {
 		cancel()
 		select {
 		case <-a.exited:
@@ -192,7 +204,8 @@ func startFencingAgent(t *testing.T, f *fixture, node, host string, fenceAfter t
 		case <-time.After(30 * time.Second):
 			t.Error("agent.Run did not return within 30s of its context's end")
 		}
-	})
+	}
+	t.Cleanup(a.stop)
 	waitFor(t, "the agent serving /metrics", func() bool {
 		a.running(t)
 		_, err := a.scrape()
