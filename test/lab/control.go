@@ -41,6 +41,9 @@ func (c Config) writePKI() (*clusterPKI, error) {
 	if _, err := p.issue("apiserver-kubelet-client", pki.CertRequest{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}}); err != nil {
 		return nil, err
 	}
+	if err := p.frontProxy(); err != nil {
+		return nil, err
+	}
 	kubeconfigs := []struct{ file, cn, org string }{
 		{c.Kubeconfig(), "coroner-lab-admin", "system:masters"},
 		{filepath.Join(p.dir, "controller-manager.kubeconfig"), "system:kube-controller-manager", ""},
@@ -114,6 +117,20 @@ func (c Config) startAPIServer(ctx context.Context, st *State, p *clusterPKI) er
 		// visibility API) are reached at their Services' endpoints, the pod IPs this
 		// machine routes to, not at ClusterIPs nothing serves.
 		"--enable-aggregator-routing=true",
+		// The aggregation layer's front proxy, as kubeadm sets it up: the API server
+		// forwards to an aggregated API (Kueue's visibility API) with a client certificate
+		// of front-proxy-client and the user in X-Remote-* headers, which the aggregated
+		// server trusts through the extension-apiserver-authentication ConfigMap. Without
+		// it Kueue's visibility API answered 403, its APIServices were unavailable, and the
+		// namespace controller, whose discovery then fails, never finished deleting a
+		// namespace.
+		"--requestheader-client-ca-file="+p.frontProxyCAFile(),
+		"--requestheader-allowed-names="+frontProxyClientCN,
+		"--requestheader-username-headers=X-Remote-User",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--proxy-client-cert-file="+filepath.Join(d, "front-proxy-client.crt"),
+		"--proxy-client-key-file="+filepath.Join(d, "front-proxy-client.key"),
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--v=1",

@@ -81,3 +81,28 @@ func (p *clusterPKI) newServiceAccountKey() error {
 	}
 	return os.WriteFile(p.saKeyFile(), key, 0o600)
 }
+
+// frontProxyClientCN is the common name of the API server's client certificate towards
+// aggregated APIs (--requestheader-allowed-names), kubeadm's.
+const frontProxyClientCN = "front-proxy-client"
+
+func (p *clusterPKI) frontProxyCAFile() string { return filepath.Join(p.dir, "front-proxy-ca.crt") }
+
+// frontProxy writes a CA of its own for the aggregation layer (as kubeadm does: a client
+// certificate of the cluster's CA must not be able to pose as the front proxy) and the
+// API server's front-proxy-client certificate signed by it.
+func (p *clusterPKI) frontProxy() error {
+	ca, err := pki.NewCA("coroner-lab-front-proxy-ca", certValidity)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(p.frontProxyCAFile(), ca.PEM, 0o644); err != nil {
+		return err
+	}
+	kp, err := ca.Issue(pki.CertRequest{CommonName: frontProxyClientCN})
+	if err != nil {
+		return err
+	}
+	_, _, err = kp.WriteFiles(p.dir, "front-proxy-client")
+	return err
+}

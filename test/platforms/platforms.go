@@ -9,6 +9,7 @@ package platforms
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -243,8 +244,69 @@ func (c Config) waitReady(ctx context.Context, cl Cluster, p Platform) error {
 		case <-time.After(2 * time.Second):
 		}
 	}
-	c.say("%s: manager available, webhooks answering, in %s", p.Name, time.Since(start).Round(time.Second))
+	// Its aggregated APIs (Kueue's visibility API) must be Available too: while one is
+	// not, the namespace controller's discovery fails and no namespace finishes deleting.
+	for {
+		out, err := cl.Kubectl(ctx, nil, "get", "apiservices", "-o", "json")
+		if err == nil {
+			var down []string
+			if down, err = unavailableAPIServices(out, p.Namespace); err == nil && len(down) == 0 {
+				break
+			} else if err == nil {
+				err = errors.New(strings.Join(down, "; "))
+			}
+		}
+		last = err
+		if time.Since(start) > 4*time.Minute {
+			return fmt.Errorf("%s: its aggregated APIs are not available after %s: %w", p.Name, time.Since(start).Round(time.Second), last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+	c.say("%s: manager available, webhooks answering, aggregated APIs available, in %s", p.Name, time.Since(start).Round(time.Second))
 	return nil
+}
+
+// unavailableAPIServices reads `kubectl get apiservices -o json` and returns, for each
+// APIService served from namespace ns that is not Available, its name and why.
+func unavailableAPIServices(list []byte, ns string) ([]string, error) {
+	var l struct {
+		Items []struct {
+			Metadata struct{ Name string } `json:"metadata"`
+			Spec     struct {
+				Service *struct{ Namespace string } `json:"service"`
+			} `json:"spec"`
+			Status struct {
+				Conditions []struct{ Type, Status, Reason, Message string } `json:"conditions"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(list, &l); err != nil {
+		return nil, fmt.Errorf("APIService list: %w", err)
+	}
+	var down []string
+	for _, a := range l.Items {
+		if a.Spec.Service == nil || a.Spec.Service.Namespace != ns {
+			continue
+		}
+		why := "no Available condition yet"
+		for _, c := range a.Status.Conditions {
+			if c.Type == "Available" {
+				if c.Status == "True" {
+					why = ""
+				} else {
+					why = c.Reason + ": " + c.Message
+				}
+			}
+		}
+		if why != "" {
+			down = append(down, a.Metadata.Name+" ("+why+")")
+		}
+	}
+	return down, nil
 }
 
 // copyTree copies the regular files and folders under src to dst, writable (the module

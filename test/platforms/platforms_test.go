@@ -137,3 +137,32 @@ func convert(t *testing.T, o *unstructured.Unstructured, into any) {
 		t.Fatal(err)
 	}
 }
+
+// TestUnavailableAPIServices reads a real list: testdata/apiservices-403.json is `kubectl
+// get apiservices -o json` from the process lab (2026-11-27, Kueue v0.17.0 installed,
+// before the lab's API server had the front proxy's flags: Kueue's visibility API
+// answered 403), cut to one local APIService and Kueue's two.
+func TestUnavailableAPIServices(t *testing.T) {
+	list, err := os.ReadFile("testdata/apiservices-403.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down, err := unavailableAPIServices(list, "kueue-system")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(down) != 2 || !strings.HasPrefix(down[0], "v1beta1.visibility.kueue.x-k8s.io (FailedDiscoveryCheck: ") ||
+		!strings.Contains(down[1], ": 403") {
+		t.Errorf("unavailable in kueue-system: %q; want both visibility versions, with the 403", down)
+	}
+	if down, err := unavailableAPIServices(list, "jobset-system"); err != nil || len(down) != 0 {
+		t.Errorf("unavailable in jobset-system (serves none): %q, %v", down, err)
+	}
+	avail := strings.ReplaceAll(string(list), `"status": "False"`, `"status": "True"`)
+	if down, err := unavailableAPIServices([]byte(avail), "kueue-system"); err != nil || len(down) != 0 {
+		t.Errorf("all Available: %q, %v", down, err)
+	}
+	if _, err := unavailableAPIServices([]byte("not json"), "kueue-system"); err == nil {
+		t.Error("a list that is not JSON: no error")
+	}
+}
