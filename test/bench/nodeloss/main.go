@@ -84,6 +84,7 @@ type variant struct {
 	kueueRecovered     bool      // Kueue's KueueFailureRecovery condition
 	phases             []corev1.PodPhase
 	replacementOn      string
+	replacements       map[types.UID]bool // the pods of the Job made after the first
 }
 
 // options are the flags.
@@ -439,6 +440,10 @@ func observe(ctx context.Context, cs kubernetes.Interface, v *variant) {
 			}
 			continue
 		}
+		if v.replacements == nil {
+			v.replacements = map[types.UID]bool{}
+		}
+		v.replacements[p.UID] = true
 		if v.running.IsZero() && p.Status.Phase == corev1.PodRunning && p.Spec.NodeName != victim {
 			v.running, v.replacementOn = time.Now(), p.Spec.NodeName
 		}
@@ -454,7 +459,7 @@ func since(start, t time.Time) string {
 
 func report(variants []*variant, start time.Time, o options) {
 	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "handled by\tfirst pod deleted\treplacement Running\trecovered by\tphases of the first pod\tfirst pod then")
+	fmt.Fprintln(w, "handled by\tfirst pod deleted\treplacement Running\treplacements\trecovered by\tphases of the first pod\tfirst pod then")
 	var coroner, fast time.Duration
 	for _, v := range variants {
 		repl := since(start, v.running)
@@ -478,7 +483,7 @@ func report(variants []*variant, start time.Time, o options) {
 		case !v.running.IsZero():
 			then = "may still run on the lost node: two copies"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", v.name, since(start, v.deletedAt), repl, strings.Join(by, " + "), phaseList(v.phases), then)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", v.name, since(start, v.deletedAt), repl, len(v.replacements), strings.Join(by, " + "), phaseList(v.phases), then)
 		if v.managed && !v.running.IsZero() && coroner == 0 {
 			coroner = v.running.Sub(start)
 		}
