@@ -49,8 +49,8 @@ import (
 	"github.com/coroner-dev/coroner/conditions"
 )
 
-// Defaults of Config. DefaultBatchPeriod was measured against 10 and 20 ms (README,
-// Performance): when a pod's containers die together a 10 ms batch took about 28% more
+// Defaults of Config. DefaultBatchPeriod was measured against 10 and 20 ms
+// (docs/performance.md): when a pod's containers die together a 10 ms batch took about 28% more
 // pod writes and wrote no sooner; alone, a stamp is about 90 ms later at 100 ms.
 const (
 	DefaultBatchPeriod = 100 * time.Millisecond

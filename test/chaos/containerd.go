@@ -22,7 +22,7 @@ const containerdDown = 5 * time.Second
 // 1.6 stopped). No exit may be lost: every exit a
 // pod recorded must make its pod terminal with that exit code and be counted by the Job.
 // An exit whose code the runtime rewrote (containerd 2.x and 1.7 report a container that
-// exited while it was down as 255 Unknown after its restart, README "Node configurations") is
+// exited while it was down as 255 Unknown after its restart, docs/node-configurations.md) is
 // reported as such, and the Job outcome is then judged against the codes the runtime
 // reported.
 func containerdRestart(ctx context.Context, e *env, o options) result {

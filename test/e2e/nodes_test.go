@@ -17,7 +17,7 @@ import (
 // CORONER_E2E_REQUIRE_VM=1 (CI with the VM), which makes them fail.
 type nodeConfig struct {
 	node string // the Kubernetes node name
-	what string // its configuration, as the README's node-configuration table says
+	what string // its configuration, as docs/node-configurations.md's table says
 	vm   bool
 }
 

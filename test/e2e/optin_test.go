@@ -51,7 +51,7 @@ func TestNamespaceOptIn(t *testing.T) {
 
 // optIn labels the namespace coroner.dev/jobs=managed and waits until the opt-in hands
 // its new Jobs to coroner: the label takes effect once the API server's admission has
-// seen it (README).
+// seen it (README, "Hand every Job of a namespace to coroner").
 func optIn(ctx context.Context, t *testing.T, ns string) {
 	t.Helper()
 	n, err := suite.cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
