@@ -199,7 +199,8 @@ func (s *Stamper) stamped(logger klog.Logger, pod *corev1.Pod, r Request, at tim
 	if writtenOK {
 		s.cfg.Metrics.Written(string(st.Kind), written.Seconds())
 	}
-	logger.Info("Stamped pod", "kind", st.Kind, "reason", st.Reason, "latency", latency, "observed", observed, "written", written, "message", st.Message)
+	logger.Info("Stamped pod", "kind", st.Kind, "reason", st.Reason, "cause", conditions.CauseOfDeath(afterStamp(pod, st)).String(),
+		"latency", latency, "observed", observed, "written", written, "message", st.Message)
 	if s.cfg.Recorder == nil || st.Kind == classify.KindExitHistory {
 		return
 	}
@@ -244,4 +245,22 @@ type countingPatcher struct {
 func (c countingPatcher) PatchPod(ctx context.Context, namespace, name string, pt types.PatchType, data []byte, subresources ...string) (*corev1.Pod, error) {
 	c.m.Wrote()
 	return c.PodPatcher.PatchPod(ctx, namespace, name, pt, data, subresources...)
+}
+
+// afterStamp is pod (not modified) as the stamp leaves it: its condition set, its phase
+// and the runtime's exits written. The log's cause of death renders from it
+// (conditions.CauseOfDeath), as coroner-shim's Events and coronerctl explain render from
+// the pod they read.
+func afterStamp(pod *corev1.Pod, st classify.Stamp) *corev1.Pod {
+	p := pod.DeepCopy()
+	if st.Condition != nil {
+		conditions.Set(&p.Status, *st.Condition, metav1.Now())
+	}
+	if st.Phase != "" {
+		p.Status.Phase = st.Phase
+		if len(st.Terminated) > 0 {
+			p.Status.InitContainerStatuses, p.Status.ContainerStatuses, _ = classify.TerminatedStatuses(p, st.Terminated, "")
+		}
+	}
+	return p
 }

@@ -222,7 +222,7 @@ func TestFailJobEventExplains(t *testing.T) {
 				p.Status.Conditions[len(p.Status.Conditions)-1].Reason = conditions.ReasonMemoryLimitExceeded
 				return p
 			}(),
-			want: "Container main for pod ns/j-a failed with exit code 137 matching FailJob rule at index 0: reason OOMKilled, coroner.dev/OOMKilled (MemoryLimitExceeded)",
+			want: "Container main for pod ns/j-a failed with exit code 137 matching FailJob rule at index 0: OOM-killed over its own memory limit (coroner.dev/OOMKilled MemoryLimitExceeded); container main exited 137 (OOMKilled)",
 		},
 		{
 			name: "condition with its reason and the exit",
@@ -232,7 +232,7 @@ func TestFailJobEventExplains(t *testing.T) {
 				p.Status.Conditions[len(p.Status.Conditions)-1].Reason = conditions.ReasonMemoryLimitExceeded
 				return p
 			}(),
-			want: "Pod ns/j-a has condition coroner.dev/OOMKilled matching FailJob rule at index 0: reason MemoryLimitExceeded, container main exited 137",
+			want: "Pod ns/j-a has condition coroner.dev/OOMKilled matching FailJob rule at index 0: OOM-killed over its own memory limit (coroner.dev/OOMKilled MemoryLimitExceeded); container main exited 137",
 		},
 	}
 	for _, tc := range cases {
@@ -312,7 +312,7 @@ func TestIgnoreRuleDoesNotCount(t *testing.T) {
 	}
 	// The Event names the condition's reason: which disruption it was.
 	events = append(events, plan.Events...)
-	want := "pod ns/j-0-a: condition DisruptionTarget (NodeOOMKill), matched rule 0 (Ignore): not counted, the pod will be replaced"
+	want := "pod ns/j-0-a: killed by the node's OOM killer, not over its own limit (DisruptionTarget NodeOOMKill); container main exited 137, matched rule 0 (Ignore): not counted, the pod will be replaced"
 	if !slices.ContainsFunc(events, func(e Event) bool { return e.Message == want }) {
 		t.Errorf("events %+v, want %q", events, want)
 	}

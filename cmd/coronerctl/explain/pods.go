@@ -17,7 +17,7 @@ var startingReasons = map[string]bool{"": true, "ContainerCreating": true, "PodI
 func classify(p *corev1.Pod) (PodState, string) {
 	switch p.Status.Phase {
 	case corev1.PodFailed:
-		return StateFailed, failedCause(p)
+		return StateFailed, conditions.CauseOfDeath(p).String()
 	case corev1.PodSucceeded:
 		if oom := trueCondition(p, conditions.OOMKilled); oom != nil {
 			return StateSucceeded, "succeeded, but a process of the pod was OOM-killed over its memory limit (" + conditionText(oom) + ")"
@@ -99,48 +99,6 @@ func classify(p *corev1.Pod) (PodState, string) {
 		return StatePending, "not scheduled yet"
 	}
 	return StatePending, "containers being created on " + p.Spec.NodeName
-}
-
-// failedCause is the one-line cause of death of a failed pod: coroner's OOM class or
-// disruption first, then the exit, then the pod's own reason.
-func failedCause(p *corev1.Pod) string {
-	exit := ""
-	runtimeOOM := false
-	for _, cs := range allStatuses(p) {
-		if t := cs.status.State.Terminated; t != nil && (t.ExitCode != 0 || t.Reason == "OOMKilled") {
-			exit = fmt.Sprintf("%s %s %s", cs.kind, cs.status.Name, exitText(t))
-			runtimeOOM = t.Reason == "OOMKilled"
-			break
-		}
-	}
-	withExit := func(s string) string {
-		if exit != "" {
-			return s + " (" + exit + ")"
-		}
-		return s
-	}
-	if oom := trueCondition(p, conditions.OOMKilled); oom != nil {
-		return withExit("OOM-killed over the pod's own memory limit")
-	}
-	if dt := trueCondition(p, conditions.DisruptionTarget); dt != nil {
-		if dt.Reason == conditions.ReasonNodeOOMKill {
-			return withExit("killed by the node's OOM killer (node memory pressure, not the pod's limit)")
-		}
-		return withExit("disrupted: " + strings.TrimSuffix(dt.Reason+": "+oneLine(dt.Message), ": "))
-	}
-	if ft := trueCondition(p, conditions.ForcefullyTerminated); ft != nil {
-		return withExit("forcefully terminated by coroner-shim: " + strings.TrimSuffix(ft.Reason+": "+oneLine(ft.Message), ": "))
-	}
-	if runtimeOOM {
-		return exit + ", an OOM kill coroner-agent did not classify (limit or node unknown)"
-	}
-	if exit != "" {
-		return exit
-	}
-	if p.Status.Reason != "" {
-		return strings.TrimSuffix("pod failed: "+p.Status.Reason+": "+oneLine(p.Status.Message), ": ")
-	}
-	return "failed; no container exited with a non-zero code"
 }
 
 // details lists what the pod says about its state: container exits and waits, the OOM
