@@ -42,26 +42,28 @@ const (
 // Cause is a pod's cause of death as coroner tells it, everywhere: coroner-shim's
 // decision Events, `coronerctl explain` and the agent's log render it (String), so that
 // they never describe one pod differently.
+// It is also what a record of the pod keeps (shim/record): the JSON form is part of
+// that record's format.
 type Cause struct {
-	Class CauseClass
+	Class CauseClass `json:"class"`
 	// Condition is the condition the class comes from (empty for the exit, the pod's
 	// reason, deleted and unknown), with its reason and its message on one line.
-	Condition corev1.PodConditionType
-	Reason    string
-	Message   string
+	Condition corev1.PodConditionType `json:"condition,omitempty"`
+	Reason    string                  `json:"reason,omitempty"`
+	Message   string                  `json:"message,omitempty"`
 	// Exit is the first container (init containers first) that exited with a non-zero
 	// code or was OOM-killed; nil when none did.
-	Exit *CauseExit
+	Exit *CauseExit `json:"exit,omitempty"`
 }
 
 // CauseExit is a container's exit within a Cause.
 type CauseExit struct {
-	Init      bool
-	Container string
-	Code      int32
-	Signal    int32
+	Init      bool   `json:"init,omitempty"`
+	Container string `json:"container"`
+	Code      int32  `json:"code"`
+	Signal    int32  `json:"signal,omitempty"`
 	// Reason is the runtime's ("OOMKilled", "Error", ...).
-	Reason string
+	Reason string `json:"reason,omitempty"`
 }
 
 // CauseOfDeath reads why p died (or, for a pod still running, what coroner has found so
