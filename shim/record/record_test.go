@@ -36,7 +36,7 @@ func TestOf(t *testing.T) {
 	}{
 		{"a counted failure, no rule", failedPod("j-2-a", "2", 1), Decision{Outcome: OutcomeFailed},
 			Entry{Name: "j-2-a", Index: ptr.To[int32](2), Node: "node-a", Phase: corev1.PodFailed, Outcome: OutcomeFailed,
-				Cause: &conditions.Cause{Class: conditions.CauseNonZeroExit, Exit: &conditions.CauseExit{Container: "main", Code: 1, Reason: "Error"}},
+				Cause:    &conditions.Cause{Class: conditions.CauseNonZeroExit, Exit: &conditions.CauseExit{Container: "main", Code: 1, Reason: "Error"}},
 				Finished: &t0, Recorded: t0}},
 		{"an ignored disruption, rule 1", failedPod("j-0-b", "0", 137, preempted), Decision{Outcome: OutcomeIgnored, Rule: 1, Action: batchv1.PodFailurePolicyActionIgnore},
 			Entry{Name: "j-0-b", Index: ptr.To[int32](0), Node: "node-a", Phase: corev1.PodFailed, Outcome: OutcomeIgnored,
