@@ -39,11 +39,13 @@ tools: deps ## build Kubernetes v1.36.3, etcd, containerd 2.4 and 1.7 and runc f
 # The binaries users install link no test code: the lab's verbs live in coroner-lab.
 PRODUCT_MAINS := coroner-agent coroner-shim coronerctl
 
-lint: ## gofmt, go vet, and no test/ package in the product binaries' imports
+lint: ## gofmt, go vet, golangci-lint (.golangci.yml: staticcheck, errcheck, unused, ineffassign, misspell; built from its module), and no test/ package in the product binaries' imports
 	@bad=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './_output/*')); \
 	  if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 	cd test/tools && $(GO) vet ./etcd/
+	test/tools/build.sh golangci-lint
+	$(BIN)/golangci-lint run ./...
 	@for m in $(PRODUCT_MAINS); do \
 	  t=$$($(GO) list -deps ./cmd/$$m | grep '^github.com/coroner-dev/coroner/test/' || true); \
 	  if [ -n "$$t" ]; then echo "cmd/$$m links test code (move it to coroner-lab or behind an interface):"; echo "$$t"; exit 1; fi; \

@@ -34,7 +34,7 @@ func (a *Agent) watchRuntime(ctx context.Context) {
 			}
 			lastIgnored = st.IgnoredContainers
 		}
-		if connected != wasConnected && !(first && !connected) {
+		if connected != wasConnected && (!first || connected) {
 			if connected {
 				a.logger.Info("The container runtime answers")
 			} else {

@@ -198,12 +198,12 @@ func TestStaleEventsIgnored(t *testing.T) {
 	waitFor(t, "events mode", func() bool { return w.Stats().Mode == ModeEvents })
 
 	// Fresh events, within the tolerance of the subscription and after it, count.
-	st := rt.set("new", running, labels("ns", "new", "app"))
+	rt.set("new", running, labels("ns", "new", "app"))
 	rt.criEvents <- &runtimeapi.ContainerEventResponse{ContainerId: "new", ContainerEventType: runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT, CreatedAt: now.Add(-500 * time.Millisecond).UnixNano()}
 	if ev := next(t, events); ev.ContainerID != "new" || ev.Kind != Started {
 		t.Errorf("fresh event: %+v, want new Started (and nothing of gone)", ev)
 	}
-	st = rt.exit("new", 2, "Error")
+	st := rt.exit("new", 2, "Error")
 	rt.criEvents <- &runtimeapi.ContainerEventResponse{ContainerId: "new", ContainerEventType: runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, CreatedAt: now.Add(time.Second).UnixNano(), ContainersStatuses: []*runtimeapi.ContainerStatus{st}}
 	if ev := next(t, events); ev.ContainerID != "new" || ev.Kind != Exited {
 		t.Errorf("fresh stop: %+v", ev)
@@ -398,7 +398,11 @@ func hostPrefix(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(d) })
+	t.Cleanup(func() {
+		if err := os.RemoveAll(d); err != nil {
+			t.Error(err)
+		}
+	})
 	return d
 }
 
@@ -432,7 +436,11 @@ func TestDiscovery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rc.Close()
+	defer func() {
+		if err := rc.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
 	cs, err := rc.RunningContainers(context.Background())
 	if err != nil || len(cs) != 1 || cs[0].ID != "c1" {
 		t.Errorf("RunningContainers = %+v, %v", cs, err)
@@ -464,7 +472,9 @@ func TestDiscoveryNothingFound(t *testing.T) {
 	if _, err := rc.RunningContainers(context.Background()); err == nil {
 		t.Error("RunningContainers worked before discovery found a runtime")
 	}
-	rc.Close()
+	if err := rc.Close(); err != nil {
+		t.Error(err)
+	}
 
 	rt := newFakeRuntime("cri-o", true)
 	rt.endAtOnce = true

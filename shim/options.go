@@ -132,7 +132,7 @@ func (o *Options) Validate() error {
 		if o.LeaseNamespace == "" || o.LeaseName == "" {
 			errs = append(errs, errors.New("--leader-elect needs --leader-elect-resource-namespace and --leader-elect-resource-name"))
 		}
-		if !(o.RetryPeriod > 0 && o.RenewDeadline > o.RetryPeriod && o.LeaseDuration > o.RenewDeadline) {
+		if o.RetryPeriod <= 0 || o.RenewDeadline <= o.RetryPeriod || o.LeaseDuration <= o.RenewDeadline {
 			errs = append(errs, fmt.Errorf("leader election: need 0 < retry period (%v) < renew deadline (%v) < lease duration (%v)",
 				o.RetryPeriod, o.RenewDeadline, o.LeaseDuration))
 		}
@@ -178,12 +178,17 @@ func validateDomainPrefixedPath(s string) []string {
 	}
 	msgs = append(msgs, validation.IsDNS1123Subdomain(domain)...)
 	for _, r := range path {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-._~%!$&'()*+,;=:@/", r)) {
+		if !isPathRune(r) {
 			msgs = append(msgs, fmt.Sprintf("path has the invalid character %q", r))
 			break
 		}
 	}
 	return msgs
+}
+
+// isPathRune reports whether r may appear in the path of a domain-prefixed path.
+func isPathRune(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-._~%!$&'()*+,;=:@/", r)
 }
 
 // ValidateAddress checks a host:port listen address; "0" means off.

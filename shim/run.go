@@ -196,8 +196,13 @@ func waitStopped(ctx context.Context, done <-chan error, grace time.Duration) er
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
-	case <-done:
-		logger.Info("The controller stopped")
+	case err := <-done:
+		if err != nil {
+			// Stopped before its caches synced: the shutdown is the reason.
+			logger.Info("The controller stopped", "reason", err)
+		} else {
+			logger.Info("The controller stopped")
+		}
 	case <-t.C:
 		logger.Info("The shutdown grace period is over; stopping with syncs in flight", "grace", grace)
 	}

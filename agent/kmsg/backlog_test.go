@@ -2,6 +2,7 @@ package kmsg
 
 import (
 	"context"
+	"errors"
 	"os"
 	"sync"
 	"testing"
@@ -121,7 +122,9 @@ func TestReaderBacklogCaughtUp(t *testing.T) {
 	}
 	dev.mu.Unlock()
 	cancel()
-	<-done
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Run() = %v, want context.Canceled", err)
+	}
 }
 
 // TestReaderCaughtUpWithoutDeadlines: a plain reader (no deadlines) is caught up at

@@ -60,7 +60,11 @@ func records(t *testing.T, file string) []any {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() {
+		if err := f.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
 	// Join continuation lines to their record, as /dev/kmsg returns them.
 	var steps []any
 	sc := bufio.NewScanner(f)
@@ -171,7 +175,7 @@ func TestReaderErrors(t *testing.T) {
 
 func TestReaderStopsWhenContextIsDone(t *testing.T) {
 	pr, pw := io.Pipe() // a read that blocks until closed, like /dev/kmsg
-	defer pw.Close()
+	defer func() { _ = pw.Close() }()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- NewReader(pr, time.Time{}).Run(ctx, make(chan OOMKill)) }()
@@ -232,7 +236,9 @@ func TestDevice(t *testing.T) {
 	if _, err := w.WriteString("<14>coroner kmsg device test\n"); err != nil {
 		t.Fatal(err)
 	}
-	w.Close()
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	// From the oldest record: the line just written is in the backlog, and the
 	// backlog is read to its end (CaughtUp) without waiting for a new record.
@@ -254,7 +260,9 @@ func TestDevice(t *testing.T) {
 		t.Error("OpenFromOldest: the backlog was not read to its end within 10s")
 	}
 	ocancel()
-	<-odone
+	if err := <-odone; !errors.Is(err, context.Canceled) {
+		t.Errorf("OpenFromOldest: Run() = %v, want context.Canceled", err)
+	}
 
 	deadline := time.Now().Add(5 * time.Second)
 	for rd.Records() == 0 && time.Now().Before(deadline) {

@@ -375,9 +375,8 @@ func (c *Controller) processNext(stop, work context.Context) bool {
 	if stop.Err() != nil {
 		return false
 	}
-	err := c.sync(work, key)
-	switch {
-	case err == nil:
+	switch err := c.sync(work, key); err {
+	case nil:
 		c.queue.Forget(key)
 	default:
 		utilruntime.HandleErrorWithContext(work, err, "Syncing the Job failed; will retry", "job", key)

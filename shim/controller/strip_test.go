@@ -52,9 +52,9 @@ func typicalPod(i int, annotations map[string]string) *corev1.Pod {
 				UID: "uid-rs", Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}},
 			ManagedFields: []metav1.ManagedFieldsEntry{
 				{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", Time: &now, FieldsType: "FieldsV1",
-					FieldsV1: &metav1.FieldsV1{Raw: make([]byte, 1500)}},
+					FieldsV1: metav1.NewFieldsV1(string(make([]byte, 1500)))},
 				{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", Time: &now, FieldsType: "FieldsV1", Subresource: "status",
-					FieldsV1: &metav1.FieldsV1{Raw: make([]byte, 1200)}},
+					FieldsV1: metav1.NewFieldsV1(string(make([]byte, 1200)))},
 			},
 		},
 		Spec: corev1.PodSpec{

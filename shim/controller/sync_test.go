@@ -58,8 +58,8 @@ func recordWrites(f *fixture) func() []string {
 		case clienttesting.DeleteAction:
 			c.Name = a.GetName()
 		case clienttesting.CreateAction:
-			c.Name = a.GetObject().(metav1.Object).GetName()
-		case clienttesting.UpdateAction:
+			// Every UpdateAction too: the two interfaces have the same methods (an Action
+			// with GetObject), so one case names the object of both.
 			c.Name = a.GetObject().(metav1.Object).GetName()
 		}
 		mu.Lock()

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -179,9 +178,4 @@ func mainTerminated(p *corev1.Pod) *corev1.ContainerStateTerminated {
 		}
 	}
 	return nil
-}
-
-func uniq(xs []string) []string {
-	slices.Sort(xs)
-	return slices.Compact(xs)
 }

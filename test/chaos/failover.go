@@ -82,11 +82,11 @@ func shimFailover(ctx context.Context, e *env, o options) result {
 		lead := led.Sub(k.At)
 		if synced.IsZero() {
 			if j, err := e.cs.BatchV1().Jobs(ns).Get(ctx, s.Name, metav1.GetOptions{}); err == nil {
-				if fc := finishedCondition(j); fc != nil && !fc.LastTransitionTime.Time.After(led) {
+				if fc := finishedCondition(j); fc != nil && !fc.LastTransitionTime.After(led) {
 					// The storm ended before the new leader led: nothing to sync, not a
 					// failover under load.
 					afterStorm++
-					e.logf("failover: kill after the storm ended (the Job finished at %v): not counted", fc.LastTransitionTime.Time.Format("15:04:05"))
+					e.logf("failover: kill after the storm ended (the Job finished at %v): not counted", fc.LastTransitionTime.Format("15:04:05"))
 					break
 				}
 			}

@@ -143,7 +143,7 @@ func agentRollout(ctx context.Context, e *env, o options) result {
 				continue
 			}
 			oomExits++
-			if !t.FinishedAt.Time.Before(rollStart.Truncate(time.Second)) && !t.FinishedAt.Time.After(rollEnd) {
+			if !t.FinishedAt.Time.Before(rollStart.Truncate(time.Second)) && !t.FinishedAt.After(rollEnd) {
 				oomDuring++
 			}
 			if c := condition(p, conditions.OOMKilled); c != nil && c.Status == corev1.ConditionTrue && c.Reason == conditions.ReasonMemoryLimitExceeded {

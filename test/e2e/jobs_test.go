@@ -20,7 +20,6 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/utils/ptr"
 
-	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/lab"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
@@ -373,12 +372,6 @@ func describe(ns, job string) string {
 	}
 	return string(out)
 }
-
-// The pod conditions coroner stamps, for the tests' readability.
-var (
-	disruptionTarget = corev1.DisruptionTarget
-	oomKilled        = conditions.OOMKilled
-)
 
 func ptrQuantity(s string) *resource.Quantity {
 	q := resource.MustParse(s)

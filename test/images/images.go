@@ -162,14 +162,20 @@ func buildMemhog(ctx context.Context, dir string) (string, error) {
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		// Not on PATH: the one under $GOROOT, where runtime.GOROOT (deprecated) looked
+		// first; the build's own root is not recorded under -trimpath anyway.
+		goBin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
 	}
 	tmp, err := os.CreateTemp(dir, ".memhog-*")
 	if err != nil {
 		return "", err
 	}
-	tmp.Close()
-	defer os.Remove(tmp.Name())
+	if err := tmp.Close(); err != nil {
+		_ = os.Remove(tmp.Name())
+		return "", err
+	}
+	// Gone after the rename (the error is then ENOENT); left only by a failed build.
+	defer func() { _ = os.Remove(tmp.Name()) }()
 	cmd := exec.CommandContext(ctx, goBin, "build", "-trimpath", "-ldflags=-s -w -buildid=", "-o", tmp.Name(), "./test/images/memhog")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
@@ -389,17 +395,13 @@ func writeAtomic(path string, data []byte) error {
 		return err
 	}
 	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
+		return errors.Join(err, tmp.Close(), os.Remove(tmp.Name()))
 	}
 	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return err
+		return errors.Join(err, os.Remove(tmp.Name()))
 	}
 	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
-		os.Remove(tmp.Name())
-		return err
+		return errors.Join(err, os.Remove(tmp.Name()))
 	}
 	return os.Rename(tmp.Name(), path)
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -162,7 +164,7 @@ func (c Config) Up(ctx context.Context) error {
 	}
 	c.say("coroner running in %s", time.Since(t).Round(time.Second))
 	out, _ := c.kubectl(ctx, "get", "nodes", "-o", "wide")
-	fmt.Fprint(c.Log, out)
+	_, _ = fmt.Fprint(c.Log, out) // the progress log, best-effort as say
 	c.say("up in %s; export KUBECONFIG=%s", time.Since(start).Round(time.Second), c.Kubeconfig())
 	return nil
 }
@@ -326,7 +328,9 @@ func (c Config) Down(ctx context.Context) error {
 		}
 		if out, err := c.docker(ctx, "ps", "-aq", "--filter", "label=io.x-k8s.kind.cluster="+c.Cluster); err == nil {
 			for _, id := range strings.Fields(out) {
-				c.docker(ctx, "rm", "-f", "-v", id)
+				if _, err := c.docker(ctx, "rm", "-f", "-v", id); err != nil {
+					errs = append(errs, err.Error())
+				}
 			}
 		}
 		if _, err := c.docker(ctx, "network", "inspect", Network); err == nil {
@@ -341,7 +345,9 @@ func (c Config) Down(ctx context.Context) error {
 	} else if err := c.unmountUnder(c.dockerDir()); err != nil {
 		errs = append(errs, err.Error())
 	}
-	os.Remove(c.Kubeconfig())
+	if err := os.Remove(c.Kubeconfig()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, err.Error())
+	}
 	// Checks.
 	if m := mountsUnder(c.Out); len(m) > 0 {
 		errs = append(errs, "mounts left: "+strings.Join(m, " "))
@@ -382,10 +388,11 @@ func processesUnder(dir string) []int {
 // Only directories are removed: the host's cgroup mounts are never touched.
 func removeDockerCgroups() {
 	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/docker")
+	// rmdir fails on a cgroup that is not empty, which is then left alone on purpose.
 	for _, d := range dirs {
-		os.Remove(d)
+		_ = os.Remove(d)
 	}
-	os.Remove("/sys/fs/cgroup/docker") // a pure cgroup v2 host
+	_ = os.Remove("/sys/fs/cgroup/docker") // a pure cgroup v2 host
 }
 
 // ImportImages loads image tarballs into every node of the cluster (kind load

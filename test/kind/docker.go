@@ -70,7 +70,8 @@ func (c Config) StartDocker(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
+	// dockerd writes the log through a descriptor of its own; this one is not written.
+	defer func() { _ = logf.Close() }()
 	cmd := exec.Command(dockerd,
 		"--data-root", filepath.Join(dir, "data"),
 		"--exec-root", filepath.Join(dir, "exec"),
@@ -90,7 +91,7 @@ func (c Config) StartDocker(ctx context.Context) error {
 		return fmt.Errorf("start dockerd: %w", err)
 	}
 	pid := cmd.Process.Pid
-	go cmd.Wait()
+	go func() { _ = cmd.Wait() }() // reaps it; StopDocker stops it, and its log says how it ended
 	c.say("dockerd started (pid %d, %s, log %s)", pid, c.DockerHost(), filepath.Join(dir, "dockerd.log"))
 	return waitFor(ctx, 60*time.Second, 300*time.Millisecond, "dockerd answering", func() (bool, error) {
 		if syscall.Kill(pid, 0) != nil {
@@ -106,13 +107,13 @@ func (c Config) StartDocker(ctx context.Context) error {
 // leave under its directories.
 func (c Config) StopDocker(ctx context.Context) error {
 	if pid := c.dockerPID(); pid != 0 {
-		syscall.Kill(pid, syscall.SIGTERM)
+		_ = syscall.Kill(pid, syscall.SIGTERM) // fails when it is gone already: the loop checks
 		deadline := time.Now().Add(30 * time.Second)
 		for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
 			time.Sleep(200 * time.Millisecond)
 		}
 		if syscall.Kill(pid, 0) == nil {
-			syscall.Kill(pid, syscall.SIGKILL)
+			_ = syscall.Kill(pid, syscall.SIGKILL) // fails only when it is gone meanwhile
 			time.Sleep(time.Second)
 		}
 		c.say("dockerd stopped (pid %d)", pid)
@@ -122,7 +123,7 @@ func (c Config) StopDocker(ctx context.Context) error {
 		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid > 0 {
 			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 			if strings.Contains(string(cmdline), c.dockerDir()) {
-				syscall.Kill(pid, syscall.SIGTERM)
+				_ = syscall.Kill(pid, syscall.SIGTERM) // fails when it is gone already: the loop checks
 				for i := 0; i < 50 && syscall.Kill(pid, 0) == nil; i++ {
 					time.Sleep(200 * time.Millisecond)
 				}

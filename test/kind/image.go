@@ -6,8 +6,10 @@ import (
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,8 +90,11 @@ func (c Config) bookworm(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("debootstrap missing: apt-get install debootstrap")
 	}
 	tmp := dir + ".tmp"
-	os.RemoveAll(tmp)
-	os.RemoveAll(dir)
+	for _, d := range []string{tmp, dir} {
+		if err := os.RemoveAll(d); err != nil {
+			return "", err
+		}
+	}
 	start := time.Now()
 	c.say("debootstrap bookworm from %s (about 80 s)", c.Mirror)
 	if err := c.run(ctx, nil, "debootstrap", "--variant=minbase", "--include="+strings.Join(debPackages, ","),
@@ -208,7 +213,7 @@ func iptablesEntries(rootfs string) ([]entry, error) {
 			return fmt.Errorf("%s: %w", rel, err)
 		}
 		libs, _ := f.ImportedLibraries()
-		f.Close()
+		_ = f.Close() // read only
 		for _, l := range libs {
 			if err := need(filepath.Join(libdir, l)); err != nil {
 				return err
@@ -292,7 +297,12 @@ func (c Config) BuildImage(ctx context.Context) error {
 	if err := c.run(ctx, nil, "cp", "-a", rootfs, stage); err != nil {
 		return err
 	}
-	defer c.removeStage(stage)
+	defer func() {
+		// The next build removes it first: say so, but the image is made all the same.
+		if err := c.removeStage(stage); err != nil {
+			c.say("removing %s: %v", stage, err)
+		}
+	}()
 	if err := c.installNodeFiles(ctx, stage, kindDir); err != nil {
 		return err
 	}
@@ -323,7 +333,8 @@ func (c Config) removeStage(stage string) error {
 // node-side files.
 func (c Config) imageStamp(rootfs, kindDir string, comps []ociImage) (string, error) {
 	h := sha256.New()
-	fmt.Fprintln(h, imageRecipe, KubeVersion, KindVersion)
+	// A hash's Write never returns an error, so neither do these Fprintln.
+	_, _ = fmt.Fprintln(h, imageRecipe, KubeVersion, KindVersion)
 	if b, err := os.ReadFile(rootfs + ".stamp"); err == nil {
 		h.Write(b)
 	}
@@ -334,24 +345,27 @@ func (c Config) imageStamp(rootfs, kindDir string, comps []ociImage) (string, er
 	for _, n := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc"} {
 		files = append(files, filepath.Join(c.BinDir, "containerd2", n))
 	}
-	filepath.Walk(filepath.Join(kindDir, "images", "base", "files"), func(p string, info os.FileInfo, err error) error {
+	// What cannot be read is left out of the stamp: the walk itself never fails.
+	if err := filepath.Walk(filepath.Join(kindDir, "images", "base", "files"), func(p string, info os.FileInfo, err error) error {
 		if err == nil && !info.IsDir() {
 			files = append(files, p)
 		}
 		return nil
-	})
+	}); err != nil {
+		return "", err
+	}
 	sort.Strings(files)
 	for _, f := range files {
 		st, err := os.Stat(f)
 		if err != nil {
 			return "", err
 		}
-		fmt.Fprintln(h, f, st.Size(), st.ModTime().UnixNano())
+		_, _ = fmt.Fprintln(h, f, st.Size(), st.ModTime().UnixNano())
 	}
 	for _, i := range comps {
-		fmt.Fprintln(h, i.Name, i.Digest)
+		_, _ = fmt.Fprintln(h, i.Name, i.Digest)
 	}
-	fmt.Fprintln(h, nodeFilesVersion, c.CNI)
+	_, _ = fmt.Fprintln(h, nodeFilesVersion, c.CNI)
 	h.Write(cniManifest)
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
@@ -365,36 +379,47 @@ func copyFile(src, dst string, mode os.FileMode) error {
 	if err != nil {
 		return err
 	}
-	defer in.Close()
-	os.Remove(dst)
+	defer func() { _ = in.Close() }() // read only
+	if err := removeOld(dst); err != nil {
+		return err
+	}
 	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
 	if err != nil {
 		return err
 	}
 	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
+		return errors.Join(err, out.Close())
 	}
 	return out.Close()
+}
+
+// removeOld removes dst, if there, so that it is made anew with the mode asked.
+func removeOld(dst string) error {
+	if err := os.Remove(dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 func writeFile(dst string, data []byte, mode os.FileMode) error {
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return err
 	}
-	os.Remove(dst)
+	if err := removeOld(dst); err != nil {
+		return err
+	}
 	return os.WriteFile(dst, data, mode)
 }
 
 // preload imports the component images into the node's containerd store
 // (stage/var/lib/containerd) with a private containerd 2.x on the host: its own socket
 // and state directory, no CRI plugin, stopped afterwards.
-func (c Config) preload(ctx context.Context, stage string, comps []ociImage) error {
+func (c Config) preload(ctx context.Context, stage string, comps []ociImage) (err error) {
 	work, err := os.MkdirTemp("", "coroner-kind-ctrd-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(work)
+	defer func() { _ = os.RemoveAll(work) }() // a temporary directory: a leftover is harmless
 	sock := filepath.Join(work, "containerd.sock")
 	cfg := fmt.Sprintf(`version = 3
 root = %q
@@ -412,7 +437,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
+	// containerd writes the log through a descriptor of its own; this one is not written.
+	defer func() { _ = logf.Close() }()
 	ctrd := exec.Command(filepath.Join(c.BinDir, "containerd2", "containerd"), "--config", filepath.Join(work, "config.toml"))
 	ctrd.Stdout, ctrd.Stderr = logf, logf
 	ctrd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -420,16 +446,23 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
 		return err
 	}
 	done := make(chan struct{})
-	go func() { ctrd.Wait(); close(done) }()
+	go func() {
+		_ = ctrd.Wait() // stopped on purpose below; how it ended is in its log
+		close(done)
+	}()
 	defer func() {
-		ctrd.Process.Signal(syscall.SIGTERM)
+		// Errors only when it has exited already, which is what is wanted.
+		_ = ctrd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-done:
 		case <-time.After(20 * time.Second):
-			ctrd.Process.Kill()
+			_ = ctrd.Process.Kill()
 			<-done
 		}
-		c.unmountUnder(stage)
+		// A mount left in the stage would go into the node image: the build fails.
+		if uerr := c.unmountUnder(stage); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
 	}()
 	ctr := filepath.Join(c.BinDir, "containerd2", "ctr")
 	if err := waitFor(ctx, 30*time.Second, 200*time.Millisecond, "preload containerd", func() (bool, error) {
@@ -452,7 +485,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
 		err = c.run(ctx, f, ctr, "-a", sock, "-n", "k8s.io", "images", "import", "--local", "--discard-unpacked-layers",
 			"--snapshotter", "overlayfs", "--label", "io.cri-containerd.image=managed",
 			"--label", "io.cri-containerd.pinned=pinned", "-")
-		f.Close()
+		_ = f.Close() // read only
 		if err != nil {
 			return fmt.Errorf("import %s: %w", img.Name, err)
 		}
@@ -484,7 +517,7 @@ func (c Config) dockerImport(ctx context.Context, stage, stamp string) error {
 		"--change", "ENV container=docker",
 		"--change", "LABEL dev.coroner.kind.stamp="+stamp,
 		"-", c.NodeImage)
-	pipe.Close() // tar stops if docker stopped reading
+	_ = pipe.Close() // tar stops if docker stopped reading; Wait below tells how tar ended
 	if werr := tarCmd.Wait(); werr != nil && err == nil {
 		err = fmt.Errorf("tar: %w: %s", werr, tarErr.String())
 	}

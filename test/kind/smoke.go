@@ -16,11 +16,18 @@ import (
 // finished is reported. It is not the e2e suite (test/e2e): it proves the lab works.
 func (c Config) Smoke(ctx context.Context) error {
 	ns := "coroner-smoke"
-	c.kubectl(ctx, "delete", "namespace", ns, "--ignore-not-found", "--wait=true")
+	if _, err := c.kubectl(ctx, "delete", "namespace", ns, "--ignore-not-found", "--wait=true"); err != nil {
+		return err
+	}
 	if _, err := c.kubectl(ctx, "create", "namespace", ns); err != nil {
 		return err
 	}
-	defer c.kubectl(ctx, "delete", "namespace", ns, "--wait=false")
+	defer func() {
+		// The next Smoke deletes it first: say so, the check's result stands.
+		if _, err := c.kubectl(ctx, "delete", "namespace", ns, "--wait=false"); err != nil {
+			c.say("deleting namespace %s: %v", ns, err)
+		}
+	}()
 	if err := waitFor(ctx, time.Minute, time.Second, "default ServiceAccount", func() (bool, error) {
 		_, err := c.kubectl(ctx, "-n", ns, "get", "serviceaccount", "default")
 		return err == nil, err

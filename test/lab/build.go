@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 
 	"github.com/coroner-dev/coroner/test/images"
 )
@@ -78,12 +77,14 @@ func (c Config) build(ctx context.Context, say func(string, ...any)) ([]images.I
 	return imgs, nil
 }
 
-// goCommand finds the go command: PATH, then the GOROOT this binary was built with.
+// goCommand finds the go command: PATH, then $GOROOT/bin.
 func goCommand() (string, error) {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p, nil
 	}
-	p := filepath.Join(runtime.GOROOT(), "bin", "go")
+	// Then the one under $GOROOT, where runtime.GOROOT (deprecated) looked first; the
+	// root this binary was built with is not recorded under -trimpath anyway.
+	p := filepath.Join(os.Getenv("GOROOT"), "bin", "go")
 	if _, err := os.Stat(p); err == nil {
 		return p, nil
 	}

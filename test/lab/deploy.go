@@ -44,10 +44,8 @@ func (c Config) deploy(ctx context.Context, say func(string, ...any)) ([]workloa
 	if err != nil {
 		return nil, fmt.Errorf("reading the rendered %s: %w", c.shortPath(c.Overlay), err)
 	}
-	var kinds []string
 	var wls []workload
 	for _, o := range objs {
-		kinds = append(kinds, o.GetKind()+"/"+o.GetName())
 		if o.GetKind() == "DaemonSet" || o.GetKind() == "Deployment" {
 			ns := o.GetNamespace()
 			if ns == "" {

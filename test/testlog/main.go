@@ -47,11 +47,14 @@ type log struct {
 
 func main() {
 	l := newLog()
-	if err := l.read(os.Stdin, os.Stdout); err != nil {
+	err := l.read(os.Stdin, os.Stdout)
+	if err == nil {
+		err = l.end(os.Stdout)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "testlog:", err)
 		os.Exit(2)
 	}
-	l.end(os.Stdout)
 	if l.failedAny() {
 		os.Exit(1)
 	}
@@ -67,27 +70,51 @@ func (l *log) failedAny() bool {
 	return l.anyFail || len(l.started) > 0
 }
 
+// output writes to w and keeps the first error: after a failed write nothing more is
+// written, and read or end returns the error (testlog's output is all it is for).
+type output struct {
+	w   io.Writer
+	err error
+}
+
+func (o *output) print(s string) {
+	if o.err == nil {
+		_, o.err = io.WriteString(o.w, s)
+	}
+}
+
+func (o *output) printf(format string, args ...any) {
+	if o.err == nil {
+		_, o.err = fmt.Fprintf(o.w, format, args...)
+	}
+}
+
+// read copies the input to w as it comes; it stops at the first failed write.
 func (l *log) read(r io.Reader, w io.Writer) error {
+	out := &output{w: w}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 16*1024*1024)
 	for sc.Scan() {
 		line := sc.Bytes()
 		var ev event
 		if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &ev) != nil {
-			fmt.Fprintf(w, "%s\n", line)
-			continue
+			out.printf("%s\n", line)
+		} else {
+			l.add(ev, out)
 		}
-		l.add(ev, w)
+		if out.err != nil {
+			return fmt.Errorf("writing the output: %w", out.err)
+		}
 	}
 	return sc.Err()
 }
 
-func (l *log) add(ev event, w io.Writer) {
+func (l *log) add(ev event, w *output) {
 	switch ev.Action {
 	case "build-output":
 		// Why a package did not build or load ("no Go files in ..."); go test's own
 		// line says only "[setup failed]".
-		io.WriteString(w, ev.Output)
+		w.print(ev.Output)
 	case "build-fail":
 		l.anyFail = true
 	case "start":
@@ -97,7 +124,7 @@ func (l *log) add(ev event, w io.Writer) {
 			l.closing[ev.Package] += ev.Output
 			return
 		}
-		io.WriteString(w, ev.Output)
+		w.print(ev.Output)
 		if ev.Test != "" && !framing(ev.Output) {
 			k := testKey{ev.Package, ev.Test}
 			l.lines[k] = append(l.lines[k], strings.TrimRight(ev.Output, "\n"))
@@ -118,7 +145,7 @@ func (l *log) add(ev event, w io.Writer) {
 		}
 		delete(l.started, ev.Package)
 		l.summary(w, ev.Package)
-		io.WriteString(w, l.closing[ev.Package])
+		w.print(l.closing[ev.Package])
 		delete(l.closing, ev.Package)
 	}
 }
@@ -145,43 +172,48 @@ func framing(s string) bool {
 }
 
 // end finishes the output at the end of the input: the packages that never ended.
-func (l *log) end(w io.Writer) {
+func (l *log) end(w io.Writer) error {
+	out := &output{w: w}
 	for pkg := range l.started {
-		fmt.Fprintf(w, "\ntestlog: %s ended without a result (killed, or a timeout's panic above)\n", pkg)
-		l.summary(w, pkg)
-		io.WriteString(w, l.closing[pkg])
+		out.printf("\ntestlog: %s ended without a result (killed, or a timeout's panic above)\n", pkg)
+		l.summary(out, pkg)
+		out.print(l.closing[pkg])
 	}
+	if out.err != nil {
+		return fmt.Errorf("writing the output: %w", out.err)
+	}
+	return nil
 }
 
 // summary says again what the package's failed tests said.
-func (l *log) summary(w io.Writer, pkg string) {
+func (l *log) summary(w *output, pkg string) {
 	failed := l.failed[pkg]
 	if len(failed) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\ntestlog: %d failed test(s) in %s; what each said:\n", len(failed), pkg)
+	w.printf("\ntestlog: %d failed test(s) in %s; what each said:\n", len(failed), pkg)
 	var said []testKey
 	for _, k := range failed {
 		if len(l.lines[k]) == 0 {
-			fmt.Fprintf(w, "--- FAIL: %s (its subtests failed)\n", k.test)
+			w.printf("--- FAIL: %s (its subtests failed)\n", k.test)
 		} else {
 			said = append(said, k)
 		}
 	}
 	for _, k := range said {
 		lines := l.lines[k]
-		fmt.Fprintf(w, "--- FAIL: %s\n", k.test)
+		w.printf("--- FAIL: %s\n", k.test)
 		dropped := l.dropped[k]
 		if len(lines) > keepLines {
 			dropped += len(lines) - keepLines
 			lines = lines[len(lines)-keepLines:]
 		}
 		if dropped > 0 {
-			fmt.Fprintf(w, "    (%d earlier lines: see above)\n", dropped)
+			w.printf("    (%d earlier lines: see above)\n", dropped)
 		}
 		for _, s := range lines {
-			fmt.Fprintln(w, s)
+			w.print(s + "\n")
 		}
 	}
-	fmt.Fprintln(w)
+	w.print("\n")
 }

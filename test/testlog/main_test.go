@@ -80,7 +80,9 @@ func TestSummary(t *testing.T) {
 			if err := l.read(strings.NewReader(tc.in), &out); err != nil {
 				t.Fatal(err)
 			}
-			l.end(&out)
+			if err := l.end(&out); err != nil {
+				t.Fatal(err)
+			}
 			got := out.String()
 			if l.failedAny() != tc.failed {
 				t.Errorf("failed %v, want %v", l.failedAny(), tc.failed)
@@ -121,7 +123,9 @@ func TestSummaryKeepsTheEnd(t *testing.T) {
 	if err := l.read(strings.NewReader(in.String()), &out); err != nil {
 		t.Fatal(err)
 	}
-	l.end(&out)
+	if err := l.end(&out); err != nil {
+		t.Fatal(err)
+	}
 	got := out.String()
 	i := strings.Index(got, "\ntestlog:")
 	if i < 0 {

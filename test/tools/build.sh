@@ -13,9 +13,10 @@
 # Named only (not in the default set): kubeadm, kube-proxy, kind and coredns, for test/kind;
 # helm, prometheus and promtool, for test/deploy and test/e2e's Prometheus test;
 # e2e-upstream, upstream's e2e test binary (_output/bin/e2e-apps.test), for test/upstream;
-# kueue and jobset, the batch platforms test/platforms installs beside coroner.
+# kueue and jobset, the batch platforms test/platforms installs beside coroner;
+# golangci-lint, for make lint.
 #
-# usage: test/tools/build.sh [NAME ...]   (default: every tool but those ten)
+# usage: test/tools/build.sh [NAME ...]   (default: every tool but those eleven)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -42,7 +43,9 @@ prometheus_release=3.16.0
 # v0.17.0: k8s.io v0.35.3, controller-runtime v0.23.3), never forced onto ours.
 kueue_version=v0.17.0
 jobset_version=v0.11.1
-extra=(kubeadm kube-proxy kind coredns helm prometheus promtool e2e-upstream kueue jobset)
+# Built only when named: golangci-lint, for make lint, from its own module as published.
+golangci_lint_version=v2.15.0
+extra=(kubeadm kube-proxy kind coredns helm prometheus promtool e2e-upstream kueue jobset golangci-lint)
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${all[@]}")
 
@@ -213,6 +216,12 @@ for name in "${names[@]}"; do
       # _output/bin/platforms/jobset. Its version list is refused by the proxy; the exact
       # version downloads.
       build_in_module jobset "$jobset_version" "$out/platforms" "-s -w" "sigs.k8s.io/jobset@$jobset_version" .
+      continue ;;
+    golangci-lint)
+      # golangci-lint (make lint: .golangci.yml), static; about 2 min cold on 2 cores.
+      build_module golangci-lint "$golangci_lint_version" "$out" \
+        "-s -w -X main.version=${golangci_lint_version#v} -X main.commit=module -X main.date=19700101" \
+        "" 0 "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$golangci_lint_version"
       continue ;;
     kubeadm|kube-proxy)
       # kubeadm and kube-proxy import modules the other Kubernetes tools do not

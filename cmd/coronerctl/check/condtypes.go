@@ -35,7 +35,7 @@ var knownConditionTypes = append([]corev1.PodConditionType{
 // API error says it).
 func conditionTypeFinding(t corev1.PodConditionType) (Severity, string, bool) {
 	s := string(t)
-	if len(content.IsQualifiedName(s)) > 0 {
+	if len(content.IsLabelKey(s)) > 0 {
 		return 0, "", false
 	}
 	for _, k := range knownConditionTypes {

@@ -303,7 +303,7 @@ func validateOnPodConditions(patterns []batchv1.PodFailurePolicyOnPodConditionsP
 	}
 	for j, p := range patterns {
 		pPath := path.Index(j)
-		for _, msg := range content.IsQualifiedName(string(p.Type)) {
+		for _, msg := range content.IsLabelKey(string(p.Type)) {
 			errs = append(errs, field.Invalid(pPath.Child("type"), p.Type, msg))
 		}
 		switch {

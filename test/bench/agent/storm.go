@@ -303,7 +303,7 @@ func (s *storm) waitReady(ctx context.Context) error {
 			return false, nil
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+		_ = resp.Body.Close() // read to its end: only the status code counts
 		return resp.StatusCode == http.StatusOK, nil
 	})
 	if err != nil {
@@ -698,8 +698,10 @@ func (w *historyWatch) observe(obj any) {
 // wait returns what was seen of the attempts once all of them were, or when ctx ends.
 func (w *historyWatch) wait(ctx context.Context, name string, attempts []int32) map[int32]historySeen {
 	stop := context.AfterFunc(ctx, func() {
-		w.mu.Lock() // not between the waiter's check of ctx and its Wait
-		w.mu.Unlock()
+		// Under the lock, so not between the waiter's check of ctx and its Wait: the
+		// waiter either sees ctx done or is waiting, and then wakes.
+		w.mu.Lock()
+		defer w.mu.Unlock()
 		w.changed.Broadcast()
 	})
 	defer stop()

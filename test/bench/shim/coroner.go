@@ -116,7 +116,10 @@ func (p *inProcess) heapProfile(context.Context) ([]byte, error) {
 func (p *inProcess) stop() {
 	p.cancel()
 	select {
-	case <-p.done:
+	case err := <-p.done:
+		if err != nil { // stopped before its caches synced
+			fmt.Fprintf(os.Stderr, "bench-shim: coroner's controller stopped: %v\n", err)
+		}
 	case <-time.After(30 * time.Second):
 		fmt.Fprintln(os.Stderr, "bench-shim: coroner's controller did not stop within 30s")
 	}
@@ -192,10 +195,11 @@ func childMain(spec string) int {
 	})
 	mux.HandleFunc("/debug/cpu-stop", func(w http.ResponseWriter, _ *http.Request) {
 		stopProfile() // the parent asks at the end of the round: the process may not get to its defers
-		fmt.Fprint(w, true)
+		// A failed write is the asking parent's error to see.
+		_, _ = fmt.Fprint(w, true)
 	})
 	mux.HandleFunc("/synced", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprint(w, p.ctrl.HasSynced())
+		_, _ = fmt.Fprint(w, p.ctrl.HasSynced()) // a failed write is the asking parent's error
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -204,7 +208,7 @@ func childMain(spec string) int {
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	defer srv.Close()
+	defer func() { _ = srv.Close() }() // at the child's exit
 	fmt.Println(ln.Addr().String())
 	select {
 	case <-ctx.Done():
@@ -253,17 +257,18 @@ func startCoronerChild(api *harness.Env, c config) (*childProcess, error) {
 	cmd.Env = append(os.Environ(), childEnv+"="+string(spec))
 	cmd.Stdin, cmd.Stdout = stdinR, stdoutW
 	proc, err := host.StartCommand(api.Dir, "coroner-shim", cmd)
-	stdinR.Close()
-	stdoutW.Close()
+	// The child's ends: it has its own descriptors of them. Closing pipes loses nothing.
+	_ = stdinR.Close()
+	_ = stdoutW.Close()
 	if err != nil {
-		stdinW.Close()
-		stdoutR.Close()
+		_ = stdinW.Close()
+		_ = stdoutR.Close()
 		return nil, err
 	}
 	cp := &childProcess{proc: proc, stdin: stdinW, http: &http.Client{Timeout: 10 * time.Second}, exit: make(chan error, 1)}
 	line := make(chan string, 1)
 	go func() {
-		defer stdoutR.Close()
+		defer func() { _ = stdoutR.Close() }() // read only
 		s, _ := bufio.NewReader(stdoutR).ReadString('\n')
 		line <- strings.TrimSpace(s)
 	}()
@@ -296,7 +301,7 @@ func (cp *childProcess) get(ctx context.Context, path string, v any) error {
 	if err != nil {
 		return fmt.Errorf("asking coroner's controller process: %w", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read only
 	return json.NewDecoder(resp.Body).Decode(v)
 }
 
@@ -331,13 +336,13 @@ func (cp *childProcess) heapProfile(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read only
 	return io.ReadAll(resp.Body)
 }
 
 func (cp *childProcess) stop() {
 	cp.stopping.Store(true)
-	cp.stdin.Close()
+	_ = cp.stdin.Close() // its EOF asks the child to stop; Stop makes sure it does
 	cp.proc.Stop(30 * time.Second)
 }
 
@@ -375,11 +380,13 @@ func startProfiles(dir string) (stop func(), err error) {
 		return nil, err
 	}
 	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
+		_ = f.Close() // nothing written
 		return nil, err
 	}
 	return func() {
 		pprof.StopCPUProfile()
-		f.Close()
+		if err := f.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "bench-shim child: CPU profile %s: %v\n", f.Name(), err)
+		}
 	}, nil
 }

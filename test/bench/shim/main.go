@@ -219,7 +219,8 @@ func flagSet(c *config) *flag.FlagSet {
 
 func usage(fs *flag.FlagSet) {
 	out := fs.Output()
-	fmt.Fprint(out, `Usage: go run ./test/bench/shim [flags]
+	// To stderr, before exiting 2: nowhere else to tell a failed write.
+	_, _ = fmt.Fprint(out, `Usage: go run ./test/bench/shim [flags]
 
 P1: coroner's Job controller vs the built-in Job controller of kube-controller-manager
 v1.36.3, on one real etcd + kube-apiserver (test/harness; binaries from `+"`make tools`"+` in
@@ -324,7 +325,7 @@ func (c config) validate(fs *flag.FlagSet) error {
 		doomed = doomed || w.doomIndex(j) >= 0
 	}
 	if doomed && (w.parallelism < w.completions || c.failOncePct > 0) {
-		errs = append(errs, fmt.Errorf("Jobs ended by one pod's failure (FailJob, or FailIndex with --max-failed-indexes=0) need parallelism = completions and --fail-once-pct=0, so that their pods' histories do not depend on timing"))
+		errs = append(errs, fmt.Errorf("a Job ended by one pod's failure (FailJob, or FailIndex with --max-failed-indexes=0) needs parallelism = completions and --fail-once-pct=0, so that its pods' history does not depend on timing"))
 	}
 	if c.startDelay < 0 || c.runTime < 0 || c.longRunTime < 0 {
 		errs = append(errs, fmt.Errorf("--start-delay=%v, --run-time=%v, --long-run-time=%v: must not be negative", c.startDelay, c.runTime, c.longRunTime))

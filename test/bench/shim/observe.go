@@ -181,7 +181,7 @@ func (r *recorder) terminalWrite(jr *jobRecord, pod *corev1.Pod, index int, code
 	} else {
 		jr.pendingSuccesses++
 		if jr.successes[index] != nil {
-			r.fail(fmt.Errorf("Job %s/%s: a second pod of index %d succeeded", jr.ns, jr.name, index))
+			r.fail(fmt.Errorf("a second pod of index %d of Job %s/%s succeeded", index, jr.ns, jr.name))
 		}
 		jr.successes[index] = w
 	}
@@ -238,7 +238,7 @@ func (r *recorder) jobEvent(obj any) {
 	if jr.pendingSuccesses > 0 {
 		done, err := parseIntervals(job.Status.CompletedIndexes)
 		if err != nil {
-			r.fail(fmt.Errorf("Job %s/%s: status.completedIndexes: %w", jr.ns, jr.name, err))
+			r.fail(fmt.Errorf("status.completedIndexes of Job %s/%s: %w", jr.ns, jr.name, err))
 			return
 		}
 		for i, w := range jr.successes {

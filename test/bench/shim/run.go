@@ -418,13 +418,6 @@ func fmtDur(d time.Duration) string {
 	return fmt.Sprintf("%dms", d.Round(time.Millisecond).Milliseconds())
 }
 
-func ratioF(a, b float64) string {
-	if b == 0 {
-		return "n/a"
-	}
-	return fmt.Sprintf("%.2f", a/b)
-}
-
 // saveHeapProfile writes the heap profile of the controller's process to
 // --profile-dir/<name>-heap.pprof.
 func saveHeapProfile(ctx context.Context, c config, t *target) error {

@@ -79,7 +79,11 @@ func testVerboseStatus(t *testing.T, e *containerd.Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pod.Remove(ctx)
+	defer func() {
+		if err := pod.Remove(ctx); err != nil {
+			t.Errorf("removing the pod: %v", err)
+		}
+	}()
 	id, err := pod.StartContainer(ctx, containerd.Container{Name: "main", Command: []string{"sleep", "3600"}, MemoryLimit: 32 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +114,11 @@ func testRestartKeepsContainers(t *testing.T, e *containerd.Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pod.Remove(ctx)
+	defer func() {
+		if err := pod.Remove(ctx); err != nil {
+			t.Errorf("removing the pod: %v", err)
+		}
+	}()
 	id, err := pod.StartContainer(ctx, containerd.Container{Name: "main", Command: []string{"sh", "-c", "while [ ! -e /tmp/stop ]; do sleep 0.1; done; exit 7"}})
 	if err != nil {
 		t.Fatal(err)

@@ -36,9 +36,12 @@ func main() {
 	hog(*step, *interval, *maxMiB)
 }
 
+// kept holds every allocation of hog, so that none is ever garbage: a package variable
+// stays reachable whatever the compiler makes of a local one nothing reads.
+var kept [][]byte
+
 // hog allocates and touches step MiB per interval, forever or up to max MiB.
 func hog(step int, interval time.Duration, maxMiB int) {
-	var keep [][]byte
 	total := 0
 	for {
 		if maxMiB == 0 || total < maxMiB {
@@ -46,7 +49,7 @@ func hog(step int, interval time.Duration, maxMiB int) {
 			for i := 0; i < len(b); i += 4096 {
 				b[i] = 1
 			}
-			keep = append(keep, b)
+			kept = append(kept, b)
 			total += step
 			fmt.Fprintf(os.Stderr, "memhog: %d MiB\n", total)
 		}

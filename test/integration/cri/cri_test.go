@@ -136,7 +136,11 @@ func testExitCode(t *testing.T, env *containerd.Env) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer pod.Remove(ctx)
+			defer func() {
+				if err := pod.Remove(ctx); err != nil {
+					t.Errorf("removing the pod: %v", err)
+				}
+			}()
 			sandboxAt := time.Since(start)
 			id, err := pod.StartContainer(ctx, containerd.Container{Name: "main", Command: []string{"sh", "-c", "sleep 0.2; exit 3"}})
 			if err != nil {
@@ -176,7 +180,11 @@ func testOOMKilled(t *testing.T, env *containerd.Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pod.Remove(ctx)
+	defer func() {
+		if err := pod.Remove(ctx); err != nil {
+			t.Errorf("removing the pod: %v", err)
+		}
+	}()
 	id, err := pod.StartContainer(ctx, containerd.Container{Name: "hog", Command: []string{"/bin/memhog"}, MemoryLimit: 20 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +218,11 @@ func testChildOOMKilled(t *testing.T, env *containerd.Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pod.Remove(ctx)
+	defer func() {
+		if err := pod.Remove(ctx); err != nil {
+			t.Errorf("removing the pod: %v", err)
+		}
+	}()
 	id, err := pod.StartContainer(ctx, containerd.Container{Name: "hog", Command: []string{"/bin/memhog", "-child"}, MemoryLimit: 20 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -244,7 +256,11 @@ func testRuntimeRestart(t *testing.T, env *containerd.Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pod.Remove(ctx)
+	defer func() {
+		if err := pod.Remove(ctx); err != nil {
+			t.Errorf("removing the pod: %v", err)
+		}
+	}()
 	id, err := pod.StartContainer(ctx, containerd.Container{Name: "main",
 		Command: []string{"sh", "-c", "while [ ! -e /tmp/stop ]; do sleep 0.05; done; exit 7"}})
 	if err != nil {
@@ -345,7 +361,11 @@ func testUnlabeledContainersIgnored(t *testing.T, env *containerd.Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pod.Remove(ctx)
+	defer func() {
+		if err := pod.Remove(ctx); err != nil {
+			t.Errorf("removing the pod: %v", err)
+		}
+	}()
 	id, err := pod.StartContainer(ctx, containerd.Container{Name: "other", Command: []string{"sh", "-c", "exit 1"}, Unlabeled: true})
 	if err != nil {
 		t.Fatal(err)

@@ -85,7 +85,11 @@ func TestContainerdV2EventStream(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer pod.Remove(ctx)
+		defer func() {
+			if err := pod.Remove(ctx); err != nil {
+				t.Errorf("removing the pod: %v", err)
+			}
+		}()
 		// Subscriptions of earlier tests leave containerd's queue only when it publishes
 		// to them, and then only by chance: eventq's publish selects between the
 		// subscription's close and room in its 100-event buffer, and Go picks one of two
@@ -246,7 +250,11 @@ func testSharedEventChannel(ctx context.Context, t *testing.T, env *containerd.E
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pod.Remove(ctx)
+	defer func() {
+		if err := pod.Remove(ctx); err != nil {
+			t.Errorf("removing the pod: %v", err)
+		}
+	}()
 	// life runs a container to its end and removes it: CREATED, STARTED, STOPPED, DELETED.
 	life := func(name string) string {
 		t.Helper()

@@ -38,8 +38,13 @@ func TestDropCaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got map[string]any
-	b, _ = os.ReadFile(spec)
-	json.Unmarshal(b, &got)
+	b, err := os.ReadFile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
 	caps := got["process"].(map[string]any)["capabilities"].(map[string]any)
 	for _, set := range []string{"bounding", "effective", "permitted"} {
 		if want := []any{"CAP_CHOWN", "CAP_SYS_ADMIN"}; !reflect.DeepEqual(caps[set], want) {
@@ -52,12 +57,18 @@ func TestDropCaps(t *testing.T) {
 	// A process file (runc exec --process) has the capabilities at its top level.
 	proc := filepath.Join(dir, "process.json")
 	b, _ = json.Marshal(map[string]any{"capabilities": map[string]any{"bounding": all}})
-	os.WriteFile(proc, b, 0o600)
+	if err := os.WriteFile(proc, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := dropCaps(proc, map[string]bool{"CAP_SYS_RESOURCE": true}); err != nil {
 		t.Fatal(err)
 	}
-	b, _ = os.ReadFile(proc)
-	json.Unmarshal(b, &got)
+	if b, err = os.ReadFile(proc); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
 	if n := len(got["capabilities"].(map[string]any)["bounding"].([]any)); n != 2 {
 		t.Errorf("process file: %d capabilities left, want 2", n)
 	}
