@@ -226,39 +226,43 @@ func (c Config) waitReady(ctx context.Context, cl Cluster, p Platform) error {
 		pods, _ := cl.Kubectl(ctx, nil, "-n", p.Namespace, "get", "pods", "-o", "wide")
 		return fmt.Errorf("%s: %s not available: %w\n%s\n%s\n%s", p.Name, p.Deployment, err, out, pods, logs)
 	}
-	var last error
-	for {
-		// The webhooks answer once the manager has its certificates and the API server
-		// has their CA: a dry run that goes through them is the test.
+	// The webhooks answer once the manager has its certificates and the API server has
+	// their CA: a dry run that goes through them is the test.
+	if err := retryUntil(ctx, start, "its webhooks do not admit objects", func() error {
 		_, err := cl.Kubectl(ctx, []byte(p.Probe), "create", "--dry-run=server", "-f", "-")
-		if err == nil {
-			break
-		}
-		last = err
-		if time.Since(start) > 4*time.Minute {
-			return fmt.Errorf("%s: its webhooks do not admit objects after %s: %w", p.Name, time.Since(start).Round(time.Second), last)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(2 * time.Second):
-		}
+		return err
+	}); err != nil {
+		return fmt.Errorf("%s: %w", p.Name, err)
 	}
 	// Its aggregated APIs (Kueue's visibility API) must be Available too: while one is
 	// not, the namespace controller's discovery fails and no namespace finishes deleting.
-	for {
+	if err := retryUntil(ctx, start, "its aggregated APIs are not available", func() error {
 		out, err := cl.Kubectl(ctx, nil, "get", "apiservices", "-o", "json")
-		if err == nil {
-			var down []string
-			if down, err = unavailableAPIServices(out, p.Namespace); err == nil && len(down) == 0 {
-				break
-			} else if err == nil {
-				err = errors.New(strings.Join(down, "; "))
-			}
+		if err != nil {
+			return err
 		}
-		last = err
+		down, err := unavailableAPIServices(out, p.Namespace)
+		if err == nil && len(down) > 0 {
+			err = errors.New(strings.Join(down, "; "))
+		}
+		return err
+	}); err != nil {
+		return fmt.Errorf("%s: %w", p.Name, err)
+	}
+	c.say("%s: manager available, webhooks answering, aggregated APIs available, in %s", p.Name, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// retryUntil calls try every 2 s until it returns nil, ctx ends, or 4 minutes have passed
+// since start; then the error says what (what) and try's last error.
+func retryUntil(ctx context.Context, start time.Time, what string, try func() error) error {
+	for {
+		err := try()
+		if err == nil {
+			return nil
+		}
 		if time.Since(start) > 4*time.Minute {
-			return fmt.Errorf("%s: its aggregated APIs are not available after %s: %w", p.Name, time.Since(start).Round(time.Second), last)
+			return fmt.Errorf("%s after %s: %w", what, time.Since(start).Round(time.Second), err)
 		}
 		select {
 		case <-ctx.Done():
@@ -266,8 +270,6 @@ func (c Config) waitReady(ctx context.Context, cl Cluster, p Platform) error {
 		case <-time.After(2 * time.Second):
 		}
 	}
-	c.say("%s: manager available, webhooks answering, aggregated APIs available, in %s", p.Name, time.Since(start).Round(time.Second))
-	return nil
 }
 
 // unavailableAPIServices reads `kubectl get apiservices -o json` and returns, for each
