@@ -76,16 +76,16 @@ func CauseOfDeath(p *corev1.Pod) Cause {
 		c.Class, c.Condition, c.Reason, c.Message = class, cond.Type, cond.Reason, oneLine(cond.Message)
 		return c
 	}
-	if cond := trueCondition(p, OOMKilled); cond != nil {
+	if cond := FindTrue(p, OOMKilled); cond != nil {
 		return withCondition(CauseLimitOOM, cond)
 	}
-	if cond := trueCondition(p, DisruptionTarget); cond != nil {
+	if cond := FindTrue(p, DisruptionTarget); cond != nil {
 		if cond.Reason == ReasonNodeOOMKill {
 			return withCondition(CauseNodeOOM, cond)
 		}
 		return withCondition(CauseDisruption, cond)
 	}
-	if cond := trueCondition(p, ForcefullyTerminated); cond != nil {
+	if cond := FindTrue(p, ForcefullyTerminated); cond != nil {
 		return withCondition(CauseForcefullyTerminated, cond)
 	}
 	switch {
@@ -172,8 +172,8 @@ func firstBadExit(p *corev1.Pod) *CauseExit {
 	return nil
 }
 
-// trueCondition is p's condition of type t when it is True, else nil.
-func trueCondition(p *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
+// FindTrue is p's condition of type t when it is True, else nil.
+func FindTrue(p *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
 	if c := Find(&p.Status, t); c != nil && c.Status == corev1.ConditionTrue {
 		return c
 	}

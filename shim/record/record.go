@@ -22,6 +22,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/coroner-dev/coroner/conditions"
@@ -165,27 +166,7 @@ func (r *Record) DroppedTotal() int32 {
 // equal compares two entries, Recorded aside (re-recording an unchanged pod is no change).
 func equal(a, b Entry) bool {
 	a.Recorded, b.Recorded = metav1.Time{}, metav1.Time{}
-	return ptrEq(a.Index, b.Index) && ptrEq(a.Rule, b.Rule) && causeEq(a.Cause, b.Cause) && finishedEq(a.Finished, b.Finished) &&
-		a.Name == b.Name && a.Node == b.Node && a.Phase == b.Phase && a.Outcome == b.Outcome && a.Action == b.Action && a.Why == b.Why
-}
-
-func ptrEq(a, b *int32) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
-
-func causeEq(a, b *conditions.Cause) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	ea, eb := a.Exit, b.Exit
-	x, y := *a, *b
-	x.Exit, y.Exit = nil, nil
-	return x == y && ((ea == nil && eb == nil) || (ea != nil && eb != nil && *ea == *eb))
-}
-
-func finishedEq(a, b *metav1.Time) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return a.Equal(b)
+	return equality.Semantic.DeepEqual(a, b)
 }
 
 // completionIndex is the pod's completion index from its annotation.

@@ -19,7 +19,7 @@ func classify(p *corev1.Pod) (PodState, string) {
 	case corev1.PodFailed:
 		return StateFailed, conditions.CauseOfDeath(p).String()
 	case corev1.PodSucceeded:
-		if oom := trueCondition(p, conditions.OOMKilled); oom != nil {
+		if oom := conditions.FindTrue(p, conditions.OOMKilled); oom != nil {
 			return StateSucceeded, "succeeded, but a process of the pod was OOM-killed over its memory limit (" + conditionText(oom) + ")"
 		}
 		return StateSucceeded, "every container exited 0"
@@ -29,7 +29,7 @@ func classify(p *corev1.Pod) (PodState, string) {
 		if p.Spec.NodeName != "" {
 			cause += ", waiting for node " + p.Spec.NodeName + " to confirm its containers stopped"
 		}
-		if dt := trueCondition(p, conditions.DisruptionTarget); dt != nil {
+		if dt := conditions.FindTrue(p, conditions.DisruptionTarget); dt != nil {
 			cause += "; " + conditionText(dt)
 		}
 		return StateTerminating, cause
@@ -136,8 +136,8 @@ func details(p *corev1.Pod) []Line {
 		out = append(out, Line{"exit", "no container exited with a non-zero code"})
 	}
 
-	oom := trueCondition(p, conditions.OOMKilled)
-	dt := trueCondition(p, conditions.DisruptionTarget)
+	oom := conditions.FindTrue(p, conditions.OOMKilled)
+	dt := conditions.FindTrue(p, conditions.DisruptionTarget)
 	switch {
 	case oom != nil:
 		out = append(out, Line{"oom", "over the pod's own memory limit: " + conditionText(oom)})
@@ -150,7 +150,7 @@ func details(p *corev1.Pod) []Line {
 	if dt != nil && dt.Reason != conditions.ReasonNodeOOMKill {
 		out = append(out, Line{"disruption", conditionText(dt)})
 	}
-	if ft := trueCondition(p, conditions.ForcefullyTerminated); ft != nil {
+	if ft := conditions.FindTrue(p, conditions.ForcefullyTerminated); ft != nil {
 		out = append(out, Line{"recovery", conditionText(ft)})
 	}
 	if p.Status.Reason != "" || p.Status.Message != "" {
@@ -189,7 +189,7 @@ func details(p *corev1.Pod) []Line {
 // warnings are what a reader of the pod must not miss.
 func warnings(p *corev1.Pod) []string {
 	var out []string
-	if oom := trueCondition(p, conditions.OOMKilled); oom != nil && p.Status.Phase == corev1.PodSucceeded {
+	if oom := conditions.FindTrue(p, conditions.OOMKilled); oom != nil && p.Status.Phase == corev1.PodSucceeded {
 		out = append(out, fmt.Sprintf("the pod Succeeded although coroner-agent stamped %s=True (%s): a child process was OOM-killed over the pod's memory limit while the main process exited 0; "+
 			"the Job counts it as a success and no podFailurePolicy rule acts on a Succeeded pod: its output may be incomplete", conditions.OOMKilled, oom.Reason))
 	}
@@ -222,13 +222,6 @@ func allStatuses(p *corev1.Pod) []statusOf {
 		out = append(out, statusOf{"container", false, cs})
 	}
 	return out
-}
-
-func trueCondition(p *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
-	if c := conditions.Find(&p.Status, t); c != nil && c.Status == corev1.ConditionTrue {
-		return c
-	}
-	return nil
 }
 
 // exitText is "exited 137 (signal 9) (OOMKilled) at 2026-01-02T03:04:05Z".
