@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
@@ -25,6 +27,7 @@ import (
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/shim/record"
 	"github.com/coroner-dev/coroner/shim/recovery"
 )
 
@@ -66,6 +69,18 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		return fmt.Errorf("cannot reach the API server at %s: %w", cfg.Host, err)
 	}
 
+	var records controller.RecordsConfig
+	if opts.JobRecords {
+		if err := checkJobRecords(ctx, client); err != nil {
+			return err
+		}
+		dyn, err := dynamic.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("building the client: %w", err)
+		}
+		records = controller.RecordsConfig{Client: dyn, MaxPods: opts.JobRecordMaxPods}
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
@@ -82,6 +97,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		},
 		AgentNamespace: opts.AgentNamespace,
 		RecoverPods:    controller.RecoverScope(opts.RecoverPods),
+		Records:        records,
 	})
 
 	var leading, standingBy atomic.Bool
@@ -154,6 +170,41 @@ func checkServer(ctx context.Context, client kubernetes.Interface) error {
 	}
 	klog.FromContext(ctx).V(2).Info("The API server answers", "version", string(body))
 	return nil
+}
+
+// jobRecordsWait is how long the start waits for the API server to serve JobRecords: a
+// CRD applied in the same `kubectl apply` as the shim's Deployment is established a moment
+// later.
+var jobRecordsWait = 30 * time.Second
+
+// checkJobRecords fails, saying what to do, when the API server does not serve JobRecords
+// (the CRD is not installed) within jobRecordsWait.
+func checkJobRecords(ctx context.Context, client kubernetes.Interface) error {
+	gv := record.Group + "/" + record.Version
+	served := func() (bool, error) {
+		list, err := client.Discovery().ServerResourcesForGroupVersion(gv)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return false, fmt.Errorf("checking that the API server serves %s %s: %w", gv, record.Resource, err)
+		}
+		return list != nil && slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == record.Resource }), nil
+	}
+	deadline := time.Now().Add(jobRecordsWait)
+	for {
+		ok, err := served()
+		if ok || err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		klog.FromContext(ctx).Info("Waiting for the API server to serve JobRecords (their CRD is applied with the shim, or not installed)", "groupVersion", gv)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+	return fmt.Errorf("the API server does not serve %s %s: install the CRD (kubectl apply -f deploy/base/jobrecord-crd.yaml; the kustomize base and the Helm chart include it), or run with --job-records=false (coronerctl explain then tells only the pods that still exist)", gv, record.Resource)
 }
 
 // serve listens on addr (synchronously, so that a bad address fails Run) and serves mux

@@ -29,15 +29,23 @@ import (
 // TestRunFailsFast checks that Run returns a clear error at once, instead of hanging,
 // when the API server cannot be reached or a listen address cannot be bound.
 func TestRunFailsFast(t *testing.T) {
-	apiserver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/version" {
+	fakeServer := func(withCRD bool) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write([]byte(`{"major":"1","minor":"36","gitVersion":"v1.36.3"}`))
-			return
-		}
-		http.NotFound(w, r)
-	}))
+			switch {
+			case r.URL.Path == "/version":
+				_, _ = w.Write([]byte(`{"major":"1","minor":"36","gitVersion":"v1.36.3"}`))
+			case r.URL.Path == "/apis/coroner.dev/v1alpha1" && withCRD:
+				_, _ = w.Write([]byte(`{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"coroner.dev/v1alpha1","resources":[{"name":"jobrecords","singularName":"jobrecord","namespaced":true,"kind":"JobRecord","verbs":["get","create","patch","delete"]}]}`))
+			default:
+				http.NotFound(w, r)
+			}
+		}))
+	}
+	apiserver := fakeServer(true)
 	defer apiserver.Close()
+	noCRD := fakeServer(false)
+	defer noCRD.Close()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -56,6 +64,11 @@ func TestRunFailsFast(t *testing.T) {
 			wantErr: "cannot reach the API server at http://127.0.0.1:1",
 		},
 		{
+			name:    "JobRecord CRD not installed",
+			host:    noCRD.URL,
+			wantErr: "does not serve coroner.dev/v1alpha1 jobrecords: install the CRD",
+		},
+		{
 			name:    "metrics address in use",
 			host:    apiserver.URL,
 			opts:    func(o *Options) { o.MetricsAddress = busy.Addr().String() },
@@ -71,6 +84,8 @@ func TestRunFailsFast(t *testing.T) {
 			wantErr: "serving health",
 		},
 	}
+	defer func(d time.Duration) { jobRecordsWait = d }(jobRecordsWait)
+	jobRecordsWait = 0
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := NewOptions()

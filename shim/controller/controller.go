@@ -16,6 +16,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -76,6 +77,9 @@ type Config struct {
 	// OOMVerdictWait is how long a Failed pod whose container was OOM-killed waits for the
 	// agent's verdict (jobsync.Input.VerdictWait); 0: no wait.
 	OOMVerdictWait time.Duration
+	// Records is where the pods' stories go for coronerctl explain (jobrecord.go); a nil
+	// Client keeps none.
+	Records RecordsConfig
 	// Workers is the number of Jobs synced concurrently; default 5.
 	Workers int
 	// Clock is the controller's clock; default clock.RealClock{}.
@@ -145,6 +149,8 @@ type Controller struct {
 	expectations *expectations
 
 	mu sync.Mutex
+	// jobRecords writes the Jobs' JobRecords (jobrecord.go); it has its own lock.
+	jobRecords *records
 	// records are the global backoff records of the Jobs, by Job UID.
 	records map[types.UID]backoff.Record
 	// written maps a Job key to the resourceVersion that our last status write replaced:
@@ -216,9 +222,10 @@ func New(client kubernetes.Interface, cfg Config) *Controller {
 		syncJob:               jobsync.Sync,
 		logger:                klog.Background(),
 		patcher:               conditions.NewPodPatcher(client, Component),
+		jobRecords:            newRecords(cfg.Records, cfg.Metrics),
 	}
 	if c.recorder == nil {
-		c.broadcaster = record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{KeyFunc: eventKeyByMessage}))
+		c.broadcaster = record.NewBroadcaster(record.WithCorrelatorOptions(eventCorrelation()))
 		c.recorder = c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: Component})
 	}
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -460,12 +467,20 @@ func backoffLimitLabel(job *batchv1.Job) string {
 	return metrics.BackoffLimitGlobal
 }
 
-// eventKeyByMessage keeps Events with different messages apart. By default client-go
-// combines the 11th and later Events of one reason on one object within 10 minutes into a
-// single Event ("(combined from similar events): <the last message>"), which would keep
-// only the last of a Job's per-pod decisions and deleted pods' last states, the story
-// coronerctl explain reads back. Identical messages are still counted on one Event.
-func eventKeyByMessage(e *corev1.Event) (aggregateKey, localKey string) {
-	aggregateKey, localKey = record.EventAggregatorByReasonFunc(e)
-	return aggregateKey + "\x00" + localKey, localKey
+// eventCorrelation is how the shim's Events are thinned, chosen for people now that
+// explain reads the Jobs' records (jobrecord.go) rather than Events:
+//   - aggregation is client-go's: past 10 Events of one reason on one object within 10
+//     minutes, similar ones are combined ("(combined from similar events): ...");
+//   - the spam filter (a burst of 25, then one every 5 minutes) counts per object, Event
+//     type and reason, not per object as client-go's default: a Job's 25th
+//     SuccessfulCreate must not silence the Warning that says why it failed.
+func eventCorrelation() record.CorrelatorOptions {
+	return record.CorrelatorOptions{SpamKeyFunc: spamKeyByReason}
+}
+
+// spamKeyByReason is the spam filter's key: the source, the object and the Event's type
+// and reason.
+func spamKeyByReason(e *corev1.Event) string {
+	o := e.InvolvedObject
+	return strings.Join([]string{e.Source.Component, e.Source.Host, o.Kind, o.Namespace, o.Name, string(o.UID), o.APIVersion, e.Type, e.Reason}, "\x00")
 }

@@ -49,6 +49,7 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 	if apierrors.IsNotFound(err) {
 		logger.V(4).Info("Job is gone; forgetting its expectations")
 		c.expectations.forget(key)
+		c.jobRecords.forget(key)
 		c.mu.Lock()
 		delete(c.written, key)
 		c.mu.Unlock()
@@ -125,6 +126,12 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 		"writeStatus", plan.WriteStatus, "removeFinalizer", len(plan.RemoveFinalizer), "requeueAfter", plan.RequeueAfter,
 		"expectationsSatisfied", satisfied)
 
+	// 0. The record of the pods that leave the Job in this plan, before any of them goes
+	// (jobrecord.go). Nothing else is done without it: the next sync tries again.
+	if err := c.jobRecords.write(ctx, key, job, plan.Leaving); err != nil {
+		return err
+	}
+
 	// 1. Pod deletions, then creations. A pod whose deletion an earlier sync issued and
 	// the informer has not shown yet is not deleted again (a sync that follows a failure
 	// decision at once can see it still active); it stays expected.
@@ -175,6 +182,9 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 	// 4. Events, metrics, the backoff record, the next sync.
 	c.emit(job, plan.Events)
 	c.metrics.Record(plan.Observations, completionMode(job), backoffLimitLabel(job))
+	if plan.Observations.JobFinished != nil {
+		c.jobRecords.forget(key) // read again should a pod be left over
+	}
 	c.mu.Lock()
 	if plan.Record == (backoff.Record{}) {
 		delete(c.records, job.UID)

@@ -1,7 +1,7 @@
 package jobsync
 
-// The Events that explain each failure decision, for people (coronerctl explain reads
-// them too).
+// The Events that explain each failure decision, for people, and the record of each pod
+// that leaves the Job, for coronerctl explain (package shim/record).
 
 import (
 	"fmt"
@@ -12,6 +12,7 @@ import (
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/policy"
+	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // explainFailure adds the one Event that says what coroner made of a failed pod: its
@@ -36,21 +37,63 @@ func (s *state) explainFailure(p *corev1.Pod, r policy.Result, ix int) {
 		rule = fmt.Sprintf("matched rule %d (%s)", r.RuleIndex, r.Action)
 	}
 	eventType := corev1.EventTypeWarning
-	var consequence string
+	if r.Action == batchv1.PodFailurePolicyActionIgnore {
+		eventType = corev1.EventTypeNormal
+	}
+	msg := conditions.PodDecisionMessage(p.Namespace, p.Name, fmt.Sprintf("%s, %s: %s", conditions.CauseOfDeath(p), rule, s.consequence(p, r, ix)))
+	s.plan.Events = append(s.plan.Events, Event{eventType, conditions.EventReasonPodFailurePolicy, msg})
+}
+
+// consequence says what a failed pod did to the Job, for its Event and its record entry.
+func (s *state) consequence(p *corev1.Pod, r policy.Result, ix int) string {
 	switch {
 	case r.Action == batchv1.PodFailurePolicyActionIgnore:
-		eventType = corev1.EventTypeNormal
-		consequence = "not counted, the pod will be replaced"
+		return "not counted, the pod will be replaced"
+	case r.Action == batchv1.PodFailurePolicyActionFailJob:
+		return "the Job fails (reason PodFailurePolicy)"
+	case s.finished != nil && s.finished.Type != batchv1.JobSuccessCriteriaMet && !isFailed(p, s.job):
+		return "counted as failed: the Job failed (" + s.finished.Reason + ") while it ran"
 	case s.perIndex && ix != noIndex && s.failedIdx.Has(ix):
-		consequence = fmt.Sprintf("index %d failed", ix)
+		return fmt.Sprintf("index %d failed", ix)
 	case s.perIndex && ix != noIndex:
 		count, _ := backoff.IndexFailureCount(p)
-		consequence = fmt.Sprintf("index %d failure %d of %d allowed", ix, count+1, *s.job.Spec.BackoffLimitPerIndex+1)
-	default:
-		consequence = "counts towards the backoff limit"
+		return fmt.Sprintf("index %d failure %d of %d allowed", ix, count+1, *s.job.Spec.BackoffLimitPerIndex+1)
 	}
-	msg := conditions.PodDecisionMessage(p.Namespace, p.Name, fmt.Sprintf("%s, %s: %s", conditions.CauseOfDeath(p), rule, consequence))
-	s.plan.Events = append(s.plan.Events, Event{eventType, conditions.EventReasonPodFailurePolicy, msg})
+	return "counts towards the backoff limit"
+}
+
+// decision is the record of a failed pod that leaves the Job: counted, or ignored by a
+// rule.
+func (s *state) decision(p *corev1.Pod, r policy.Result, ix int) record.Decision {
+	d := record.Decision{Outcome: record.OutcomeFailed, Consequence: s.consequence(p, r, ix)}
+	if !r.CountsAsFailure() {
+		d.Outcome = record.OutcomeIgnored
+	}
+	if r.Matched() {
+		d.Rule, d.Action = r.RuleIndex, r.Action
+	}
+	return d
+}
+
+// leave records p, which leaves the Job in this plan (its finalizer removed, or deleted by
+// the shim), for coronerctl explain (Plan.Leaving).
+// A pod the plan deletes as the Job fails also loses its finalizer in the same plan,
+// counted as failed: its one entry says both.
+func (s *state) leave(p *corev1.Pod, d record.Decision) {
+	e := record.Of(p, d, s.now)
+	for i := range s.plan.Leaving {
+		if was := s.plan.Leaving[i]; was.Name == e.Name {
+			if e.Why == "" {
+				e.Why = was.Why
+			}
+			if e.Cause != nil && e.Cause.Class == conditions.CauseUnknown && was.Cause != nil && was.Cause.Class == conditions.CauseDeleted {
+				e.Cause.Class = conditions.CauseDeleted
+			}
+			s.plan.Leaving[i] = e
+			return
+		}
+	}
+	s.plan.Leaving = append(s.plan.Leaving, e)
 }
 
 // failJobEvent is the message of the Event of a FailJob decision: the built-in

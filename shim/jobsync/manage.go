@@ -14,6 +14,7 @@ import (
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/policy"
+	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // podsAwaitingReplacement returns, per index that is neither finished nor running, the
@@ -165,6 +166,7 @@ func (s *state) firstPendingIndexes(count int) []int {
 func (s *state) deletePods(pods []*corev1.Pod, removeFinalizerFirst bool, reason string) (deleted, deletedReady int32) {
 	for _, p := range pods[:min(len(pods), MaxPodCreateDeletePerSync)] {
 		s.plan.Delete = append(s.plan.Delete, PodDelete{Pod: p, RemoveFinalizerFirst: removeFinalizerFirst, Reason: reason})
+		s.leave(p, record.Decision{Outcome: record.OutcomeDeleted, Why: reason})
 		deleted++
 		if isReady(p) {
 			deletedReady++

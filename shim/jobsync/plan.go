@@ -38,6 +38,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/coroner-dev/coroner/shim/backoff"
+	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // MaxPodCreateDeletePerSync bounds the pods one sync creates, and those it deletes.
@@ -88,6 +89,12 @@ type Plan struct {
 	// RemoveFinalizer holds the pods whose tracking finalizer must be removed, after the
 	// status write.
 	RemoveFinalizer []*corev1.Pod
+
+	// Leaving are the record entries of the pods that leave the Job in this plan: those
+	// in Delete and RemoveFinalizer. The controller writes them to the Job's JobRecord
+	// before anything else, so that a pod is never gone (or uncounted from the record's
+	// point of view) before its story is stored.
+	Leaving []record.Entry
 
 	// Record is the Job's new global backoff record; keep it after the status write.
 	Record backoff.Record

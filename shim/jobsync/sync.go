@@ -15,6 +15,7 @@ import (
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/indexes"
 	"github.com/coroner-dev/coroner/shim/policy"
+	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // EventReasonInvalidFailureCount is the reason of the Warning Event that names a failed
@@ -77,6 +78,7 @@ func Sync(in Input) Plan {
 		for _, p := range in.Pods {
 			if hasTrackingFinalizer(p) && !in.FinalizersBeingRemoved.Has(p.UID) {
 				plan.RemoveFinalizer = append(plan.RemoveFinalizer, p)
+				plan.Leaving = append(plan.Leaving, record.Of(p, record.Decision{Outcome: record.OutcomeDeleted, Why: "left after the Job finished, not counted"}, metav1.NewTime(in.Now.Truncate(time.Second))))
 			}
 		}
 		return plan

@@ -250,9 +250,6 @@ func TestFailJobEventExplains(t *testing.T) {
 			if diff := cmp.Diff([]string{tc.want}, got); diff != "" {
 				t.Errorf("PodFailurePolicy events (-want +got):\n%s", diff)
 			}
-			if ns, name, ok := conditions.PodOfDecision(tc.want); !ok || ns != "ns" || name != "j-a" {
-				t.Errorf("PodOfDecision = %s/%s %v, want ns/j-a", ns, name, ok)
-			}
 		})
 	}
 }

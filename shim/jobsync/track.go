@@ -14,6 +14,7 @@ import (
 
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/policy"
+	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // track records newly finished pods in uncountedTerminatedPods (or completedIndexes),
@@ -66,11 +67,16 @@ func (s *state) track() {
 				uncounted.Succeeded = append(uncounted.Succeeded, p.UID)
 				added++
 			}
+			s.leave(p, record.Decision{Outcome: record.OutcomeSucceeded})
 		case considerFailed || (s.finished != nil && s.finished.Type != batchv1.JobSuccessCriteriaMet):
-			if s.uncountedFailed.Has(p.UID) || (s.indexed && ix == noIndex) {
+			r := policy.Match(job.Spec.PodFailurePolicy, p)
+			if s.uncountedFailed.Has(p.UID) {
+				break // counted, and recorded, by an earlier sync
+			}
+			if s.indexed && ix == noIndex {
+				s.leave(p, record.Decision{Outcome: record.OutcomeIgnored, Consequence: "not counted: its completion index is out of range"})
 				break
 			}
-			r := policy.Match(job.Spec.PodFailurePolicy, p)
 			action := string(r.Action)
 			if !r.Matched() {
 				action = "None"
@@ -83,6 +89,11 @@ func (s *state) track() {
 			if considerFailed {
 				s.explainFailure(p, r, ix)
 			}
+			s.leave(p, s.decision(p, r, ix))
+		default:
+			// Leaves without counting: the Job was deleted, or it succeeded while the
+			// pod ran.
+			s.leave(p, record.Decision{Outcome: record.OutcomeDeleted})
 		}
 		if added >= maxUncountedPods {
 			reachedMax = true

@@ -125,6 +125,16 @@ type Metrics struct {
 	// with --recover-pods=all, of the other opted-in pods.
 	PodsRecovered *prometheus.CounterVec
 
+	// JobRecordWrites (coroner_job_record_writes_total) counts the shim's writes of
+	// JobRecords (package shim/record), by verb (create, patch, delete) and result
+	// (success, conflict, error); JobRecordBytes (coroner_job_record_bytes_total) the
+	// bytes of their request bodies by verb, and JobRecordEntries
+	// (coroner_job_record_entries_total) the pod entries recorded, by outcome
+	// (Succeeded, Failed, Ignored, Deleted).
+	JobRecordWrites  *prometheus.CounterVec
+	JobRecordBytes   *prometheus.CounterVec
+	JobRecordEntries *prometheus.CounterVec
+
 	// Leader (coroner_leader, gauge) is 1 while this replica leads (holds the leader Lease,
 	// or runs without leader election), 0 while it stands by. Always served. No labels.
 	Leader prometheus.Gauge
@@ -213,6 +223,21 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name:      "pods_recovered_total",
 			Help:      "Pods the shim recovered from a node failure (of managed Jobs, and other opted-in pods with --recover-pods=all). action: ForceTerminate (zombie or fenced node), FailOrphan (node gone), ClearDisruption (stale DisruptionTarget), DeleteTerminal (terminal pod being deleted on an unreachable node); reason: NodeUnreachable, NodeFenced, DeletionByPodGC, StaleDisruptionTarget.",
 		}, []string{"action", "reason"}),
+		JobRecordWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "job_record_writes_total",
+			Help:      "Writes of JobRecords, the pods' stories kept for coronerctl explain. verb: create, patch, delete; result: success, conflict, error.",
+		}, []string{"verb", "result"}),
+		JobRecordBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "job_record_bytes_total",
+			Help:      "Bytes of the request bodies of the successful JobRecord writes. verb: create, patch.",
+		}, []string{"verb"}),
+		JobRecordEntries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "job_record_entries_total",
+			Help:      "Pod entries recorded in JobRecords by a successful write. outcome: Succeeded, Failed, Ignored, Deleted.",
+		}, []string{"outcome"}),
 	}
 	reg.MustRegister(m.Leader, leaderOnly{leading: m.leading, collectors: []prometheus.Collector{
 		m.JobSyncDuration,
@@ -224,6 +249,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.JobPodsCreation,
 		m.TerminatedPodsTrackingFinalizer,
 		m.ManagedJobs,
+		m.JobRecordWrites,
+		m.JobRecordBytes,
+		m.JobRecordEntries,
 	}})
 	m.SetLeader(true)
 	return m

@@ -63,9 +63,17 @@ type Entry struct {
 	// action; nil and empty when no rule matched.
 	Rule   *int32                         `json:"rule,omitempty"`
 	Action batchv1.PodFailurePolicyAction `json:"action,omitempty"`
+	// Consequence is what the failure did to the Job, as the shim's Event said it ("index
+	// 2 failed", "counts towards the backoff limit"); empty for other outcomes.
+	Consequence string `json:"consequence,omitempty"`
 	// Why is the shim's reason for deleting the pod ("excess pod", "job suspended", ...);
 	// empty when the shim did not delete it.
 	Why string `json:"why,omitempty"`
+	// Restarts is the sum of the containers' restart counts; LastExit, when a container
+	// restarted in place (restartPolicy OnFailure), its latest exit before the state the
+	// pod was recorded in (a crash-looping pod's telling exit).
+	Restarts int32                 `json:"restarts,omitempty"`
+	LastExit *conditions.CauseExit `json:"lastExit,omitempty"`
 	// Finished is when the pod's last container exited, when known.
 	Finished *metav1.Time `json:"finished,omitempty"`
 	// Recorded is when the shim recorded the entry.
@@ -86,6 +94,8 @@ type Decision struct {
 	// Rule is ignored when Action is empty.
 	Rule   int
 	Action batchv1.PodFailurePolicyAction
+	// Consequence is what a failure did to the Job, in the words of the shim's Event.
+	Consequence string
 	// Why is the shim's reason for deleting the pod, if it did.
 	Why string
 }
@@ -93,12 +103,16 @@ type Decision struct {
 // Of is the entry for p (not modified) as it leaves the Job with decision d, recorded at
 // now.
 func Of(p *corev1.Pod, d Decision, now metav1.Time) Entry {
-	e := Entry{Name: p.Name, Node: p.Spec.NodeName, Phase: p.Status.Phase, Outcome: d.Outcome, Why: d.Why, Recorded: now}
+	e := Entry{Name: p.Name, Node: p.Spec.NodeName, Phase: p.Status.Phase, Outcome: d.Outcome, Consequence: d.Consequence, Why: d.Why, Recorded: now}
 	if ix, ok := completionIndex(p); ok {
 		e.Index = &ix
 	}
 	if d.Outcome != OutcomeSucceeded {
 		c := conditions.CauseOfDeath(p)
+		if c.Class == conditions.CauseUnknown && d.Outcome == OutcomeDeleted {
+			// Recorded as the shim deletes it: no deletionTimestamp yet.
+			c.Class = conditions.CauseDeleted
+		}
 		e.Cause = &c
 	}
 	if d.Action != "" {
@@ -108,16 +122,31 @@ func Of(p *corev1.Pod, d Decision, now metav1.Time) Entry {
 	if t := lastFinish(p); !t.IsZero() {
 		e.Finished = &t
 	}
+	var lastAt metav1.Time
+	for i, list := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		for _, cs := range list {
+			e.Restarts += cs.RestartCount
+			if t := cs.LastTerminationState.Terminated; t != nil && cs.RestartCount > 0 && (e.LastExit == nil || lastAt.Before(&t.FinishedAt)) {
+				e.LastExit = &conditions.CauseExit{Init: i == 0, Container: cs.Name, Code: t.ExitCode, Signal: t.Signal, Reason: t.Reason}
+				lastAt = t.FinishedAt
+			}
+		}
+	}
 	return e
 }
 
 // Add puts the entries into r (a pod recorded again replaces its entry: the later word
-// wins) and then drops entries past max (0: no bound), oldest first in the order
-// Succeeded, Deleted, Ignored, Failed. It reports whether r changed.
+// wins, but keeps the Why of the shim's deletion, as a pod deleted while its Job fails is
+// recorded when it is deleted and again when it is counted) and then drops entries past
+// max (0: no bound), oldest first in the order Succeeded, Deleted, Ignored, Failed. It
+// reports whether r changed.
 func (r *Record) Add(max int, entries ...Entry) bool {
 	changed := false
 	for _, e := range entries {
 		if i := slices.IndexFunc(r.Entries, func(x Entry) bool { return x.Name == e.Name }); i >= 0 {
+			if e.Why == "" {
+				e.Why = r.Entries[i].Why
+			}
 			if equal(r.Entries[i], e) {
 				continue
 			}

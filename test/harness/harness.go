@@ -184,6 +184,9 @@ func start(binDir string, opts Options) (_ *Env, err error) {
 	if err := env.waitReady(apiserver, 60*time.Second); err != nil {
 		return nil, portErr(err, apiserver)
 	}
+	if err := env.installCRDs(30 * time.Second); err != nil {
+		return nil, err
+	}
 	if env.Kubeconfig, err = writeKubeconfig(filepath.Join(dir, "admin.kubeconfig"), env.Config); err != nil {
 		return nil, err
 	}

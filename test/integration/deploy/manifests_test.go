@@ -99,7 +99,7 @@ func TestRenderedManifests(t *testing.T) {
 					t.Fatal(err)
 				}
 				switch {
-				case strings.HasPrefix(key, "Namespace/"), strings.HasPrefix(key, "Cluster"), strings.HasPrefix(key, "ValidatingAdmissionPolicy"),
+				case strings.HasPrefix(key, "Namespace/"), strings.HasPrefix(key, "Cluster"), strings.HasPrefix(key, "CustomResourceDefinition/"), strings.HasPrefix(key, "ValidatingAdmissionPolicy"),
 					strings.HasPrefix(key, "MutatingAdmissionPolicy"):
 					if m.GetNamespace() != "" {
 						t.Errorf("%s is cluster-scoped but has namespace %q", key, m.GetNamespace())

@@ -39,6 +39,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
@@ -137,6 +138,10 @@ func newFixtureFor(t *testing.T, builtin bool, cfg controller.Config) *fixture {
 		}
 		if cfg.Clock == nil {
 			cfg.Clock = clock.RealClock{}
+		}
+		if cfg.Records.Client == nil {
+			// The JobRecords, as deployed (the harness installs their CRD).
+			cfg.Records.Client = dynamic.NewForConfigOrDie(env.Config)
 		}
 		f.backoff = cfg.Backoff
 	}

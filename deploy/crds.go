@@ -1,0 +1,12 @@
+// Package deploy holds coroner's manifests (kustomize bases and overlays, the Helm chart;
+// see README.md). Its Go side is the CRDs, embedded for the programs that install them
+// without kustomize: the integration tests' API server (test/harness).
+package deploy
+
+import _ "embed"
+
+// JobRecordCRD is base/jobrecord-crd.yaml: the CustomResourceDefinition of coroner-shim's
+// JobRecords (shim/record).
+//
+//go:embed base/jobrecord-crd.yaml
+var JobRecordCRD []byte

@@ -1,0 +1,200 @@
+package controller
+
+// The JobRecords: the stories of the pods that left each Job, for coronerctl explain
+// (package shim/record). A sync writes the entries of its plan (jobsync.Plan.Leaving)
+// first, before it deletes a pod or removes a finalizer, and stops there when the write
+// fails: a pod is never gone, or counted, before its entry is stored.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/klog/v2"
+
+	"github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/shim/record"
+)
+
+// DefaultRecordMaxPods is the default bound of a JobRecord's entries: at about 300 bytes
+// an entry (shim/record's TestPatchSize), 3,000 take about 900 KB, under etcd's 1.5 MiB
+// request limit with room to spare.
+const DefaultRecordMaxPods = 3000
+
+// RecordsConfig is where the JobRecords go.
+type RecordsConfig struct {
+	// Client writes them; nil: no records (explain then says the story is incomplete).
+	Client dynamic.Interface
+	// MaxPods bounds the entries of one record (default DefaultRecordMaxPods).
+	MaxPods int
+}
+
+// records writes the JobRecords and remembers the last version of each it wrote or read,
+// so that a write is one merge patch (no read) while nobody else writes the record.
+type records struct {
+	client  dynamic.NamespaceableResourceInterface // nil: off
+	max     int
+	metrics *metrics.Metrics
+
+	mu sync.Mutex
+	// stored is the last known record of each Job by key (namespace/name), nil entries
+	// never; a record whose JobUID is not the Job's is an earlier Job's.
+	stored map[string]*record.JobRecord
+}
+
+func newRecords(cfg RecordsConfig, m *metrics.Metrics) *records {
+	r := &records{max: cfg.MaxPods, metrics: m, stored: map[string]*record.JobRecord{}}
+	if r.max <= 0 {
+		r.max = DefaultRecordMaxPods
+	}
+	if cfg.Client != nil {
+		r.client = cfg.Client.Resource(record.GroupVersionResource)
+	}
+	return r
+}
+
+// forget drops what is known of the Job's record (the Job is gone or finished).
+func (r *records) forget(key string) {
+	r.mu.Lock()
+	delete(r.stored, key)
+	r.mu.Unlock()
+}
+
+// write stores the entries in the Job's record. Only one sync of a Job runs at a time
+// (the queue's guarantee), so the only concurrent writer is another shim (a leader
+// change), which the resourceVersion precondition of the patch catches.
+func (r *records) write(ctx context.Context, key string, job *batchv1.Job, entries []record.Entry) error {
+	if r.client == nil || len(entries) == 0 {
+		return nil
+	}
+	logger := klog.FromContext(ctx)
+	r.mu.Lock()
+	stored := r.stored[key]
+	r.mu.Unlock()
+	if stored == nil {
+		var err error
+		if stored, err = r.get(ctx, job); err != nil {
+			return err
+		}
+	}
+	if stored != nil && stored.JobUID != job.UID {
+		// An earlier Job of the same name, not yet collected: its record goes now.
+		err := r.client.Namespace(job.Namespace).Delete(ctx, job.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &stored.UID}})
+		r.count("delete", err)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting the JobRecord of an earlier Job %s: %w", key, err)
+		}
+		stored = nil
+	}
+	if stored == nil {
+		o := record.New(job.Namespace, job.Name, job.UID)
+		var rec record.Record
+		rec.Add(r.max, entries...)
+		o.Set(rec, r.max)
+		created, n, err := r.create(ctx, o)
+		r.count("create", err)
+		if err != nil {
+			r.forget(key)
+			if apierrors.IsAlreadyExists(err) {
+				return fmt.Errorf("creating the JobRecord of Job %s: it exists already; will read it next sync: %w", key, err)
+			}
+			return fmt.Errorf("creating the JobRecord of Job %s: %w", key, err)
+		}
+		r.written(key, created, "create", n, entries)
+		logger.V(4).Info("Created the Job's record", "entries", len(entries), "bytes", n)
+		return nil
+	}
+	next := stored.Record()
+	next.Add(r.max, entries...)
+	patch, ok, err := record.MergePatch(stored, next, r.max)
+	if err != nil || !ok {
+		return err
+	}
+	res, err := r.client.Namespace(job.Namespace).Patch(ctx, job.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	r.count("patch", err)
+	if err != nil {
+		// Whatever the record is now, the next sync reads it.
+		r.forget(key)
+		return fmt.Errorf("writing the JobRecord of Job %s: %w", key, err)
+	}
+	o, err := fromUnstructured(res)
+	if err != nil {
+		r.forget(key)
+		return err
+	}
+	r.written(key, o, "patch", len(patch), entries)
+	logger.V(4).Info("Wrote the Job's record", "entries", len(next.Entries), "patchBytes", len(patch))
+	return nil
+}
+
+// get reads the Job's record; nil when there is none.
+func (r *records) get(ctx context.Context, job *batchv1.Job) (*record.JobRecord, error) {
+	u, err := r.client.Namespace(job.Namespace).Get(ctx, job.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the JobRecord of Job %s/%s: %w", job.Namespace, job.Name, err)
+	}
+	return fromUnstructured(u)
+}
+
+func (r *records) create(ctx context.Context, o *record.JobRecord) (*record.JobRecord, int, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+	if err != nil {
+		return nil, 0, err
+	}
+	u := &unstructured.Unstructured{Object: m}
+	body, err := u.MarshalJSON()
+	if err != nil {
+		return nil, 0, err
+	}
+	res, err := r.client.Namespace(o.Namespace).Create(ctx, u, metav1.CreateOptions{})
+	if err != nil {
+		return nil, 0, err
+	}
+	created, err := fromUnstructured(res)
+	return created, len(body), err
+}
+
+func (r *records) written(key string, o *record.JobRecord, verb string, bytes int, entries []record.Entry) {
+	r.mu.Lock()
+	r.stored[key] = o
+	r.mu.Unlock()
+	if r.metrics != nil {
+		r.metrics.JobRecordBytes.WithLabelValues(verb).Add(float64(bytes))
+		for _, e := range entries {
+			r.metrics.JobRecordEntries.WithLabelValues(string(e.Outcome)).Inc()
+		}
+	}
+}
+
+func (r *records) count(verb string, err error) {
+	if r.metrics == nil {
+		return
+	}
+	result := metrics.ResultSuccess
+	switch {
+	case apierrors.IsConflict(err):
+		result = "conflict"
+	case err != nil:
+		result = metrics.ResultError
+	}
+	r.metrics.JobRecordWrites.WithLabelValues(verb, result).Inc()
+}
+
+func fromUnstructured(u *unstructured.Unstructured) (*record.JobRecord, error) {
+	var o record.JobRecord
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &o); err != nil {
+		return nil, errors.Join(fmt.Errorf("reading JobRecord %s/%s", u.GetNamespace(), u.GetName()), err)
+	}
+	return &o, nil
+}

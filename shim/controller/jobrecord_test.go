@@ -1,0 +1,109 @@
+package controller
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+
+	"github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/shim/record"
+)
+
+func newRecordsForTest(t *testing.T, max int, objs ...runtime.Object) (*records, *dynamicfake.FakeDynamicClient, *metrics.Metrics) {
+	t.Helper()
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{record.GroupVersionResource: record.Kind + "List"}, objs...)
+	m := metrics.New(prometheus.NewRegistry())
+	return newRecords(RecordsConfig{Client: dyn, MaxPods: max}, m), dyn, m
+}
+
+func stored(t *testing.T, dyn *dynamicfake.FakeDynamicClient, name string) *record.JobRecord {
+	t.Helper()
+	u, err := dyn.Resource(record.GroupVersionResource).Namespace("ns").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := fromUnstructured(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+func entry(name string, o record.Outcome, s int) record.Entry {
+	return record.Entry{Name: name, Phase: corev1.PodFailed, Outcome: o, Recorded: metav1.NewTime(time.Date(2026, 11, 27, 12, 0, s, 0, time.UTC))}
+}
+
+// TestRecordsWrite: the first entries create the Job's record, owned by it; later ones are
+// merged in; the bound holds; an earlier Job's record of the same name is replaced.
+func TestRecordsWrite(t *testing.T) {
+	ctx := context.Background()
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "j", UID: "uid-2"}}
+	earlier := record.New("ns", "j", "uid-1")
+	earlier.Set(record.Record{Entries: []record.Entry{entry("old", record.OutcomeFailed, 0)}}, 10)
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(earlier)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, dyn, mt := newRecordsForTest(t, 2, &unstructured.Unstructured{Object: m})
+
+	if err := r.write(ctx, "ns/j", job, []record.Entry{entry("a", record.OutcomeSucceeded, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	got := stored(t, dyn, "j")
+	if got.JobUID != "uid-2" || len(got.Pods) != 1 || got.OwnerReferences[0].UID != "uid-2" || got.OwnerReferences[0].Kind != "Job" {
+		t.Fatalf("record = %+v, want this Job's, owned by it, with a", got)
+	}
+	if err := r.write(ctx, "ns/j", job, []record.Entry{entry("b", record.OutcomeFailed, 2), entry("c", record.OutcomeDeleted, 3)}); err != nil {
+		t.Fatal(err)
+	}
+	got = stored(t, dyn, "j")
+	if _, hasA := got.Pods["a"]; hasA || len(got.Pods) != 2 || got.Dropped[record.OutcomeSucceeded] != 1 || got.MaxPods != 2 {
+		t.Errorf("record = %+v, want b and c, a dropped as the oldest success", got)
+	}
+	// Nothing new: no write.
+	before := len(dyn.Actions())
+	if err := r.write(ctx, "ns/j", job, []record.Entry{entry("b", record.OutcomeFailed, 9)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(dyn.Actions()) - before; n != 0 {
+		t.Errorf("%d API calls for an unchanged entry, want none", n)
+	}
+	if v := testutil.ToFloat64(mt.JobRecordWrites.WithLabelValues("delete", metrics.ResultSuccess)); v != 1 {
+		t.Errorf("deletes of an earlier Job's record = %v, want 1", v)
+	}
+	if v := testutil.ToFloat64(mt.JobRecordEntries.WithLabelValues(string(record.OutcomeFailed))); v != 1 {
+		t.Errorf("failed entries written = %v, want 1", v)
+	}
+	if v := testutil.ToFloat64(mt.JobRecordBytes.WithLabelValues("patch")); v <= 0 {
+		t.Errorf("patch bytes = %v", v)
+	}
+
+	// A leader change: the new shim knows nothing, reads the record, and merges.
+	r2 := newRecords(RecordsConfig{Client: dyn, MaxPods: 2}, nil)
+	if err := r2.write(ctx, "ns/j", job, []record.Entry{entry("d", record.OutcomeFailed, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	got = stored(t, dyn, "j")
+	if len(got.Pods) != 2 || got.Dropped[record.OutcomeDeleted] != 1 || got.Dropped[record.OutcomeSucceeded] != 1 {
+		t.Errorf("record = %+v, want b and d, c dropped as the oldest deletion", got)
+	}
+}
+
+// TestRecordsOff: without a client nothing is written and nothing fails.
+func TestRecordsOff(t *testing.T) {
+	r := newRecords(RecordsConfig{}, nil)
+	if err := r.write(context.Background(), "ns/j", &batchv1.Job{}, []record.Entry{entry("a", record.OutcomeFailed, 0)}); err != nil {
+		t.Errorf("write = %v", err)
+	}
+}

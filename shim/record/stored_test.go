@@ -1,0 +1,148 @@
+package record
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// apply applies a merge patch to o as the API server does (JSON merge patch, RFC 7386).
+func apply(t *testing.T, o *JobRecord, patch []byte) *JobRecord {
+	t.Helper()
+	b, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := jsonpatch.MergePatch(b, patch)
+	if err != nil {
+		t.Fatalf("applying %s: %v", patch, err)
+	}
+	var got JobRecord
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	return &got
+}
+
+func TestMergePatch(t *testing.T) {
+	at := func(s int) metav1.Time { return metav1.NewTime(t0.Add(time.Duration(s) * time.Second)) }
+	e := func(name string, o Outcome, s int) Entry {
+		return Entry{Name: name, Phase: corev1.PodFailed, Outcome: o, Recorded: at(s)}
+	}
+	stored := New("ns", "j", "uid-1")
+	stored.ResourceVersion = "41"
+	stored.Set(Record{Entries: []Entry{e("a", OutcomeSucceeded, 0), e("b", OutcomeFailed, 1), e("c", OutcomeDeleted, 2)}}, 3)
+
+	t.Run("only what changed is sent, and the record it makes is the new one", func(t *testing.T) {
+		next := stored.Record()
+		next.Add(3, e("d", OutcomeFailed, 3), Entry{Name: "c", Phase: corev1.PodFailed, Outcome: OutcomeFailed, Why: "job failed: BackoffLimitExceeded", Recorded: at(3)})
+		patch, ok, err := MergePatch(stored, next, 3)
+		if err != nil || !ok {
+			t.Fatalf("MergePatch = %v, %v", ok, err)
+		}
+		var body map[string]any
+		if err := json.Unmarshal(patch, &body); err != nil {
+			t.Fatal(err)
+		}
+		pods := body["pods"].(map[string]any)
+		if _, sent := pods["b"]; sent {
+			t.Errorf("the unchanged entry b was sent: %s", patch)
+		}
+		if pods["a"] != nil {
+			t.Errorf("the dropped entry a is not null: %s", patch)
+		}
+		if rv := body["metadata"].(map[string]any)["resourceVersion"]; rv != "41" {
+			t.Errorf("resourceVersion precondition = %v, want 41", rv)
+		}
+		got := apply(t, stored, patch)
+		// The stored order of entries recorded in the same second is by name.
+		norm := &JobRecord{}
+		norm.Set(next, 3)
+		want := norm.Record()
+		if diff := cmp.Diff(want, got.Record()); diff != "" {
+			t.Errorf("the patched record (-want +got):\n%s", diff)
+		}
+		if got.Dropped[OutcomeSucceeded] != 1 {
+			t.Errorf("dropped = %v, want one Succeeded", got.Dropped)
+		}
+	})
+	t.Run("nothing to write", func(t *testing.T) {
+		next := stored.Record()
+		again := e("b", OutcomeFailed, 9) // recorded again, unchanged but for the time
+		if next.Add(3, again) {
+			t.Error("Add reported a change for an unchanged entry")
+		}
+		if patch, ok, err := MergePatch(stored, next, 3); ok || err != nil {
+			t.Errorf("MergePatch = %s, %v, %v; want nothing", patch, ok, err)
+		}
+	})
+	t.Run("a new bound alone is written", func(t *testing.T) {
+		if _, ok, _ := MergePatch(stored, stored.Record(), 5); !ok {
+			t.Error("a changed maxPods was not written")
+		}
+	})
+}
+
+// TestPatchSize: the bytes a write costs per pod recorded, the figure the merge patch is
+// chosen for: a patch of 50 new entries into a record of 2,000.
+func TestPatchSize(t *testing.T) {
+	stored := New("ns", "train", "uid-1")
+	var r Record
+	for i := range 2000 {
+		r.Add(0, Of(failedPod(fmt.Sprintf("train-%d-x7k2p", i), fmt.Sprint(i), 1), Decision{Outcome: OutcomeFailed, Consequence: "counts towards the backoff limit"}, t0))
+	}
+	stored.Set(r, 3000)
+	whole, err := json.Marshal(stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := stored.Record()
+	for i := range 50 {
+		next.Add(3000, Of(failedPod(fmt.Sprintf("train-%d-b9q4z", i), fmt.Sprint(i), 1), Decision{Outcome: OutcomeFailed, Consequence: "counts towards the backoff limit"}, t0))
+	}
+	patch, ok, err := MergePatch(stored, next, 3000)
+	if err != nil || !ok {
+		t.Fatalf("MergePatch = %v, %v", ok, err)
+	}
+	per := len(patch) / 50
+	t.Logf("record of 2,000 pods: %d bytes; a patch of 50 new pods: %d bytes, %d per pod", len(whole), len(patch), per)
+	if per > 400 {
+		t.Errorf("%d bytes per pod written", per)
+	}
+	if len(whole)/2000*3000 > 1<<20 {
+		t.Errorf("a record of 3,000 pods would take %d bytes, over 1 MiB (etcd's limit is 1.5 MiB)", len(whole)/2000*3000)
+	}
+}
+
+// TestDeepCopy: a copy shares nothing with the original.
+func TestDeepCopy(t *testing.T) {
+	o := New("ns", "j", "uid")
+	var r Record
+	p := failedPod("j-0-a", "0", 1)
+	p.Status.ContainerStatuses[0].RestartCount = 1
+	p.Status.ContainerStatuses[0].LastTerminationState.Terminated = &corev1.ContainerStateTerminated{ExitCode: 3}
+	r.Add(0, Of(p, Decision{Outcome: OutcomeFailed, Rule: 2, Action: "Count"}, t0))
+	r.Dropped = map[Outcome]int32{OutcomeSucceeded: 1}
+	o.Set(r, 10)
+	c := o.DeepCopyObject().(*JobRecord)
+	if diff := cmp.Diff(o, c); diff != "" {
+		t.Fatalf("copy differs (-want +got):\n%s", diff)
+	}
+	e := c.Pods["j-0-a"]
+	*e.Index, *e.Rule, e.Cause.Exit.Code, e.LastExit.Code = 9, 9, 9, 9
+	e.Finished.Time = time.Time{}
+	c.Dropped[OutcomeSucceeded] = 9
+	c.OwnerReferences[0].Name = "other"
+	if diff := cmp.Diff(New("ns", "j", "uid").OwnerReferences, o.OwnerReferences); diff != "" {
+		t.Errorf("the original's owner changed: %s", diff)
+	}
+	if got := o.Pods["j-0-a"]; *got.Index != 0 || *got.Rule != 2 || got.Cause.Exit.Code != 1 || got.LastExit.Code != 3 || got.Finished.IsZero() || o.Dropped[OutcomeSucceeded] != 1 {
+		t.Errorf("the original changed with its copy: %+v, dropped %v", got, o.Dropped)
+	}
+}
