@@ -2,17 +2,15 @@ package conditions
 
 import (
 	"fmt"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Event messages coroner-shim writes on a Job about its pods, and that coronerctl explain
-// reads back once the pods are gone. The formats are part of coroner's interface: a
-// change here must keep Parse* able to read what earlier versions wrote.
+// Event messages coroner-shim writes on a Job about its pods, for people (kubectl
+// describe, kubectl events). Nothing reads them back: coronerctl explain reads the Job's
+// JobRecord (package shim/record).
 //
 // PodFailurePolicy Events (one per decision about a failed pod):
 //
@@ -32,34 +30,11 @@ const (
 	PodDecisionPrefix = "pod "
 	// DeletedPodPrefix starts SuccessfulDelete Event messages, as upstream.
 	DeletedPodPrefix = "Deleted pod: "
-	// AggregatedEventPrefix is what client-go's Event aggregation puts before the message
-	// of Events it combined; readers strip it.
-	AggregatedEventPrefix = "(combined from similar events): "
 )
 
 // PodDecisionMessage is the message of a PodFailurePolicy Event about one pod.
 func PodDecisionMessage(namespace, name, text string) string {
 	return fmt.Sprintf("%s%s/%s: %s", PodDecisionPrefix, namespace, name, text)
-}
-
-// upstreamDecision matches the built-in controller's FailJob sentences.
-var upstreamDecision = regexp.MustCompile(`^(?:Container \S+ for pod|Pod) ([^/\s]+)/(\S+) (?:failed with exit code|has condition) `)
-
-// PodOfDecision returns the pod a PodFailurePolicy Event message is about, in either
-// wording; ok is false for messages about no single pod (the Job's own).
-func PodOfDecision(msg string) (namespace, name string, ok bool) {
-	msg = strings.TrimPrefix(msg, AggregatedEventPrefix)
-	if rest, found := strings.CutPrefix(msg, PodDecisionPrefix); found {
-		if key, _, found := strings.Cut(rest, ": "); found {
-			if ns, n, found := strings.Cut(key, "/"); found && ns != "" && n != "" && !strings.ContainsAny(key, " \t") {
-				return ns, n, true
-			}
-		}
-	}
-	if m := upstreamDecision.FindStringSubmatch(msg); m != nil {
-		return m[1], m[2], true
-	}
-	return "", "", false
 }
 
 // DeletedPod is what a SuccessfulDelete Event of coroner-shim records about the pod it
@@ -204,70 +179,4 @@ func exitText(code int32, reason string, at time.Time) string {
 // sanitize keeps a free text from breaking the message's structure.
 func sanitize(s string) string {
 	return strings.NewReplacer(";", ",", "(", "[", ")", "]").Replace(strings.Join(strings.Fields(s), " "))
-}
-
-var (
-	deletedHead      = regexp.MustCompile(`^(\S+)(?: \((.*)\))?$`)
-	exitRE           = `exited (-?\d+)(?: \(([^)]*)\))?(?: at (\S+))?`
-	deletedContainer = regexp.MustCompile(`^(init )?container (\S+) (?:(running|unknown)|waiting(?: \(([^)]*)\))?|` + exitRE + `)(?:, last ` + exitRE + `)?(?:, (\d+) restarts)?$`)
-)
-
-// ParseDeletedPodMessage reads a SuccessfulDelete Event message back. A message with
-// only upstream's "Deleted pod: <name>" gives the name and nothing else; ok is false for
-// other messages. Parts it does not know are skipped.
-func ParseDeletedPodMessage(msg string) (d DeletedPod, ok bool) {
-	msg = strings.TrimPrefix(msg, AggregatedEventPrefix)
-	rest, found := strings.CutPrefix(msg, DeletedPodPrefix)
-	if !found {
-		return DeletedPod{}, false
-	}
-	parts := strings.Split(rest, "; ")
-	m := deletedHead.FindStringSubmatch(parts[0])
-	if m == nil {
-		return DeletedPod{}, false
-	}
-	d.Name, d.Why = m[1], m[2]
-	for _, p := range parts[1:] {
-		switch {
-		case strings.HasPrefix(p, "index "):
-			d.Index = strings.TrimPrefix(p, "index ")
-		case strings.HasPrefix(p, "phase "):
-			d.Phase = corev1.PodPhase(strings.TrimPrefix(p, "phase "))
-		case strings.HasPrefix(p, "condition "):
-			d.Conditions = append(d.Conditions, strings.TrimPrefix(p, "condition "))
-		default:
-			m := deletedContainer.FindStringSubmatch(p)
-			if m == nil {
-				continue
-			}
-			c := DeletedContainer{Init: m[1] != "", Name: m[2]}
-			switch {
-			case m[3] != "":
-				c.State = m[3]
-			case m[5] != "":
-				c.State = "exited"
-				c.ExitCode, c.Reason, c.FinishedAt = atoi32(m[5]), m[6], parseTime(m[7])
-			default:
-				c.State, c.Reason = "waiting", m[4]
-			}
-			if m[8] != "" {
-				c.LastExit = &ContainerExit{ExitCode: atoi32(m[8]), Reason: m[9], FinishedAt: parseTime(m[10])}
-			}
-			if m[11] != "" {
-				c.Restarts = atoi32(m[11])
-			}
-			d.Containers = append(d.Containers, c)
-		}
-	}
-	return d, true
-}
-
-func atoi32(s string) int32 {
-	n, _ := strconv.ParseInt(s, 10, 32)
-	return int32(n)
-}
-
-func parseTime(s string) time.Time {
-	t, _ := time.Parse(time.RFC3339, s)
-	return t
 }

@@ -4,32 +4,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-func TestPodOfDecision(t *testing.T) {
-	cases := []struct {
-		msg, wantNS, wantName string
-		wantOK                bool
-	}{
-		{"pod ns/x-1: container main exited 1, no rule matched: counts towards the backoff limit", "ns", "x-1", true},
-		{AggregatedEventPrefix + "pod ns/x-1: condition DisruptionTarget (NodeOOMKill), matched rule 1 (Ignore): not counted", "ns", "x-1", true},
-		{"Container main for pod ns/x-2 failed with exit code 42 matching FailJob rule at index 0", "ns", "x-2", true},
-		{"Pod ns/x-3 has condition coroner.dev/OOMKilled matching FailJob rule at index 1: reason MemoryLimitExceeded", "ns", "x-3", true},
-		{"Job has reached the specified backoff limit", "", "", false},
-		{"pod with spaces: x", "", "", false},
-	}
-	for _, tc := range cases {
-		ns, name, ok := PodOfDecision(tc.msg)
-		if ns != tc.wantNS || name != tc.wantName || ok != tc.wantOK {
-			t.Errorf("PodOfDecision(%q) = %q, %q, %v; want %q, %q, %v", tc.msg, ns, name, ok, tc.wantNS, tc.wantName, tc.wantOK)
-		}
-	}
-}
-
-// TestDeletedPodMessage: what the shim writes on deleting a pod reads back the same.
+// TestDeletedPodMessage: what the shim writes on deleting a pod, for people.
 func TestDeletedPodMessage(t *testing.T) {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	pod := &corev1.Pod{
@@ -58,22 +37,5 @@ func TestDeletedPodMessage(t *testing.T) {
 		"container side running; container odd exited -1 (a, b [c]); condition coroner.dev/OOMKilled=True (MemoryLimitExceeded)"
 	if msg != want {
 		t.Errorf("message:\n got  %s\n want %s", msg, want)
-	}
-	got, ok := ParseDeletedPodMessage(AggregatedEventPrefix + msg)
-	if !ok {
-		t.Fatal("not parsed")
-	}
-	wantPod := DeletedPodOf(pod, "job failed: BackoffLimitExceeded")
-	wantPod.Containers[3].Reason = "a, b [c]"
-	if diff := cmp.Diff(wantPod, got); diff != "" {
-		t.Errorf("parsed (-want +got):\n%s", diff)
-	}
-
-	// Upstream's message, and others.
-	if d, ok := ParseDeletedPodMessage("Deleted pod: x-1"); !ok || d.Name != "x-1" || len(d.Containers) != 0 {
-		t.Errorf("upstream message parsed as %+v, %v", d, ok)
-	}
-	if _, ok := ParseDeletedPodMessage("Created pod: x-1"); ok {
-		t.Error("a creation parsed as a deletion")
 	}
 }

@@ -23,13 +23,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // Output formats of -o.
@@ -110,6 +113,27 @@ func ParseTargets(args []string, allNamespaces bool) ([]Target, error) {
 	return out, nil
 }
 
+// Client is what explain reads: the Jobs, pods and Events through Interface, coroner-shim's
+// JobRecords (package shim/record) through Dynamic. A nil Dynamic reads no records:
+// reports then say that the pods that are gone are not told.
+type Client struct {
+	kubernetes.Interface
+	Dynamic dynamic.Interface
+}
+
+// NewClient builds a Client for cfg.
+func NewClient(cfg *rest.Config) (Client, error) {
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return Client{}, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return Client{}, err
+	}
+	return Client{Interface: kube, Dynamic: dyn}, nil
+}
+
 // Options are the flags of `coronerctl explain`.
 type Options struct {
 	// Flags are kubectl's kubeconfig, context and namespace flags.
@@ -146,7 +170,7 @@ func (o *Options) Run(ctx context.Context, args []string, w io.Writer) error {
 		return fmt.Errorf("loading the client configuration: %w", err)
 	}
 	cfg.UserAgent = "coronerctl"
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := NewClient(cfg)
 	if err != nil {
 		return err
 	}
@@ -166,7 +190,7 @@ func (o *Options) Run(ctx context.Context, args []string, w io.Writer) error {
 
 // Explain reads what the targets need from the API and builds a report for each: a
 // *Report per Job, a *PodReport per pod. namespace "" is every namespace.
-func Explain(ctx context.Context, client kubernetes.Interface, namespace string, targets []Target) ([]runtime.Object, error) {
+func Explain(ctx context.Context, client Client, namespace string, targets []Target) ([]runtime.Object, error) {
 	var out []runtime.Object
 	for _, t := range targets {
 		switch {
@@ -245,7 +269,7 @@ func Print(objs []runtime.Object, format string, w io.Writer) error {
 }
 
 // JobReport reads the Job, its pods and its Events and builds its Report.
-func JobReport(ctx context.Context, client kubernetes.Interface, namespace, name string) (*Report, error) {
+func JobReport(ctx context.Context, client Client, namespace, name string) (*Report, error) {
 	job, err := client.BatchV1().Jobs(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
@@ -254,7 +278,7 @@ func JobReport(ctx context.Context, client kubernetes.Interface, namespace, name
 }
 
 // Job reads the Job, its pods and its Events and prints the Report as text.
-func Job(ctx context.Context, client kubernetes.Interface, namespace, name string, w io.Writer) error {
+func Job(ctx context.Context, client Client, namespace, name string, w io.Writer) error {
 	r, err := JobReport(ctx, client, namespace, name)
 	if err != nil {
 		return err
@@ -262,22 +286,45 @@ func Job(ctx context.Context, client kubernetes.Interface, namespace, name strin
 	return r.Write(w)
 }
 
-func reportOf(ctx context.Context, client kubernetes.Interface, job *batchv1.Job) (*Report, error) {
+func reportOf(ctx context.Context, client Client, job *batchv1.Job) (*Report, error) {
 	pods, err := jobPods(ctx, client, job)
 	if err != nil {
 		return nil, err
 	}
-	events, err := client.CoreV1().Events(job.Namespace).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("involvedObject.uid", string(job.UID)).String(),
-	})
+	rec, err := jobRecord(ctx, client, job.Namespace, job.Name)
 	if err != nil {
-		return nil, fmt.Errorf("listing the Job's events: %w", err)
+		return nil, err
 	}
-	return Build(job, pods, events.Items), nil
+	return Build(job, pods, rec), nil
+}
+
+// jobRecord reads coroner-shim's record of the Job named name; nil when there is none (or
+// no Dynamic client, or the API server does not serve JobRecords: coroner is not
+// installed, or an older version is).
+func jobRecord(ctx context.Context, client Client, namespace, name string) (*record.JobRecord, error) {
+	if client.Dynamic == nil {
+		return nil, nil
+	}
+	u, err := client.Dynamic.Resource(record.GroupVersionResource).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the JobRecord %s/%s: %w", namespace, name, err)
+	}
+	return fromUnstructured(u)
+}
+
+func fromUnstructured(u *unstructured.Unstructured) (*record.JobRecord, error) {
+	var o record.JobRecord
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &o); err != nil {
+		return nil, fmt.Errorf("reading the JobRecord %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+	}
+	return &o, nil
 }
 
 // managedJobs reports every Job handed to coroner-shim in the namespace ("" for all).
-func managedJobs(ctx context.Context, client kubernetes.Interface, namespace string) ([]runtime.Object, error) {
+func managedJobs(ctx context.Context, client Client, namespace string) ([]runtime.Object, error) {
 	list, err := client.BatchV1().Jobs(namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("listing Jobs: %w", err)
@@ -298,9 +345,9 @@ func managedJobs(ctx context.Context, client kubernetes.Interface, namespace str
 }
 
 // Pod explains one pod. A pod of a Job is explained as in its Job's report (rule,
-// action, the shim's decisions); a pod that is gone is looked for in the Events of the
-// namespace's Jobs, where coroner-shim recorded its deletion or its failure.
-func Pod(ctx context.Context, client kubernetes.Interface, namespace, name string) (*PodReport, error) {
+// action, the shim's decisions); a pod that is gone is looked for in coroner-shim's
+// records of the namespace's Jobs.
+func Pod(ctx context.Context, client Client, namespace, name string) (*PodReport, error) {
 	pod, err := client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return gonePod(ctx, client, namespace, name, err)
@@ -325,21 +372,29 @@ func Pod(ctx context.Context, client kubernetes.Interface, namespace, name strin
 	return standalone(podReport(nil, pod)), nil
 }
 
-// gonePod finds what coroner-shim's Events on the namespace's Jobs say of a pod that is
-// gone, or returns notFound.
-func gonePod(ctx context.Context, client kubernetes.Interface, namespace, name string, notFound error) (*PodReport, error) {
-	events, err := client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("involvedObject.kind", "Job").String(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("listing the Events of the Jobs of %s: %w", namespace, err)
+// gonePod finds the pod in coroner-shim's records of the namespace's Jobs, or returns
+// notFound.
+func gonePod(ctx context.Context, client Client, namespace, name string, notFound error) (*PodReport, error) {
+	if client.Dynamic == nil {
+		return nil, notFound
 	}
-	for _, e := range events.Items {
-		if !mentions(e, namespace, name) {
+	list, err := client.Dynamic.Resource(record.GroupVersionResource).Namespace(namespace).List(ctx, metav1.ListOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("%w, and the API server serves no JobRecords (coroner-shim's records)", notFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing the JobRecords of %s: %w", namespace, err)
+	}
+	for i := range list.Items {
+		rec, err := fromUnstructured(&list.Items[i])
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := rec.Pods[name]; !ok {
 			continue
 		}
-		job, err := client.BatchV1().Jobs(namespace).Get(ctx, e.InvolvedObject.Name, metav1.GetOptions{})
-		if err != nil || job.UID != e.InvolvedObject.UID {
+		job, err := client.BatchV1().Jobs(namespace).Get(ctx, rec.Name, metav1.GetOptions{})
+		if err != nil || job.UID != rec.JobUID {
 			continue
 		}
 		r, err := reportOf(ctx, client, job)
@@ -352,26 +407,12 @@ func gonePod(ctx context.Context, client kubernetes.Interface, namespace, name s
 			}
 		}
 	}
-	return nil, fmt.Errorf("%w, and no coroner-shim Event on a Job of %s mentions it", notFound, namespace)
-}
-
-// mentions reports whether e is one of coroner-shim's Events about the pod.
-func mentions(e corev1.Event, namespace, name string) bool {
-	msg := strings.TrimPrefix(e.Message, conditions.AggregatedEventPrefix)
-	switch e.Reason {
-	case conditions.EventReasonPodFailurePolicy:
-		ns, n, ok := conditions.PodOfDecision(msg)
-		return ok && ns == namespace && n == name
-	case conditions.EventReasonSuccessfulDelete:
-		d, ok := conditions.ParseDeletedPodMessage(msg)
-		return ok && d.Name == name
-	}
-	return false
+	return nil, fmt.Errorf("%w, and no coroner-shim record of a Job of %s has it", notFound, namespace)
 }
 
 // stampedPods reports every pod coroner stamped in the namespace ("" for all), with its
 // Job's rule and action when a Job controls it.
-func stampedPods(ctx context.Context, client kubernetes.Interface, namespace string) ([]runtime.Object, error) {
+func stampedPods(ctx context.Context, client Client, namespace string) ([]runtime.Object, error) {
 	list, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("listing pods: %w", err)
@@ -410,7 +451,7 @@ func standalone(p PodReport) *PodReport {
 }
 
 // jobPods lists the pods the Job's selector selects; Build keeps those it controls.
-func jobPods(ctx context.Context, client kubernetes.Interface, job *batchv1.Job) ([]*corev1.Pod, error) {
+func jobPods(ctx context.Context, client Client, job *batchv1.Job) ([]*corev1.Pod, error) {
 	sel := labels.SelectorFromSet(labels.Set{batchv1.ControllerUidLabel: string(job.UID)})
 	if job.Spec.Selector != nil {
 		s, err := metav1.LabelSelectorAsSelector(job.Spec.Selector)

@@ -15,6 +15,7 @@ import (
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/indexes"
 	"github.com/coroner-dev/coroner/shim/policy"
+	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // maxIndexRows is the number of indexes above which the index table lists only the
@@ -25,9 +26,13 @@ const maxIndexRows = 100
 const noIndex = -1
 
 // Build makes the Report of job from its pods (any order; pods of other Jobs are left
-// out) and the Events on the Job.
-func Build(job *batchv1.Job, pods []*corev1.Pod, events []corev1.Event) *Report {
-	r := &Report{TypeMeta: typeMeta(KindJobReport), job: job, Job: summary(job)}
+// out) and coroner-shim's record of the Job (nil when there is none, or it is an earlier
+// Job's).
+func Build(job *batchv1.Job, pods []*corev1.Pod, rec *record.JobRecord) *Report {
+	if rec != nil && rec.JobUID != job.UID {
+		rec = nil
+	}
+	r := &Report{TypeMeta: typeMeta(KindJobReport), job: job, Job: summary(job), Record: recordOf(rec)}
 	if pfp := job.Spec.PodFailurePolicy; pfp != nil {
 		for i, rule := range pfp.Rules {
 			r.Rules = append(r.Rules, fmt.Sprintf("rule %d: %s", i, describeRule(rule)))
@@ -46,28 +51,23 @@ func Build(job *batchv1.Job, pods []*corev1.Pod, events []corev1.Event) *Report 
 		}
 		return own[i].Name < own[j].Name
 	})
-	ev := readEvents(job, events)
 	live := map[string]bool{}
 	for _, p := range own {
 		live[p.Name] = true
 		pr := podReport(job, p)
-		pr.Decisions = ev.decisions[p.Name]
+		if rec != nil {
+			if e, ok := rec.Pods[p.Name]; ok {
+				pr.entry = &e
+				pr.Decisions = []string{entryDecision(job, e)}
+			}
+		}
 		r.Pods = append(r.Pods, pr)
 	}
-	r.Pods = append(r.Pods, ev.gonePods(job, live)...)
-	r.GoneDecisions = ev.goneDecisions(live)
+	r.Pods = append(r.Pods, gonePods(job, rec, live)...)
 	if indexed(job) {
 		r.Indexes = indexStates(job, own)
 	}
-	failed := 0
-	for _, p := range r.Pods {
-		if p.State == StateFailed {
-			failed++
-		}
-	}
-	if n := int(job.Status.Failed); n > failed {
-		r.Notes = append(r.Notes, fmt.Sprintf("status.failed is %d but %d failed pods remain: the others were deleted after they were counted", n, failed))
-	}
+	r.Notes = append(r.Notes, recordNotes(job, rec, r.Pods)...)
 	if mb := ptrValue(job.Spec.ManagedBy); mb != conditions.ManagedBy {
 		who := "the built-in Job controller"
 		if mb != "" && mb != conditions.BuiltInJobControllerName {

@@ -14,10 +14,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/yaml"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/record"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
@@ -136,8 +136,8 @@ func TestClassify(t *testing.T) {
 }
 
 // onFailureJob is the issue's case: restartPolicy OnFailure, the pod crash-looped until
-// the Job failed with BackoffLimitExceeded and coroner-shim deleted it; only its Events
-// are left.
+// the Job failed with BackoffLimitExceeded and coroner-shim deleted it; only its record is
+// left.
 func onFailureJob() (*batchv1.Job, []runtime.Object) {
 	job := wrappers.MakeJob("crashy", "default").ManagedBy(conditions.ManagedBy).BackoffLimit(2).RestartPolicy(corev1.RestartPolicyOnFailure).Obj()
 	job.UID = "crashy-uid"
@@ -145,26 +145,22 @@ func onFailureJob() (*batchv1.Job, []runtime.Object) {
 		{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: batchv1.JobReasonBackoffLimitExceeded, Message: conditions.JobMessageBackoffLimitExceeded},
 		{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: batchv1.JobReasonBackoffLimitExceeded, Message: conditions.JobMessageBackoffLimitExceeded},
 	}}
-	// The pod as the shim saw it when it deleted it.
+	// The pod as the shim saw it: recorded when it deleted it, and again when it counted
+	// it as failed (the Job failed while it ran), keeping the deletion's why.
 	gone := waiting(ownedPod(job, "crashy-7xk2p", 0).Phase(corev1.PodRunning), "main", "CrashLoopBackOff", "back-off", 3,
 		&corev1.ContainerStateTerminated{ExitCode: 3, Reason: "Error", FinishedAt: metav1.NewTime(t0.Add(time.Minute))}).Obj()
-	ev := func(name, reason, msg string) *corev1.Event {
-		return &corev1.Event{
-			ObjectMeta:     metav1.ObjectMeta{Name: name, Namespace: "default"},
-			InvolvedObject: corev1.ObjectReference{Kind: "Job", Namespace: "default", Name: "crashy", UID: "crashy-uid"},
-			Reason:         reason, Message: msg, LastTimestamp: metav1.NewTime(t0.Add(2 * time.Minute)),
-		}
-	}
-	return job, []runtime.Object{job,
-		ev("c1", conditions.EventReasonSuccessfulCreate, "Created pod: crashy-7xk2p"),
-		ev("c2", conditions.EventReasonSuccessfulDelete, conditions.DeletedPodMessage(gone, "job failed: BackoffLimitExceeded")),
-		ev("c3", batchv1.JobReasonBackoffLimitExceeded, conditions.JobMessageBackoffLimitExceeded),
-	}
+	var r record.Record
+	r.Add(0, record.Of(gone, record.Decision{Outcome: record.OutcomeDeleted, Why: "job failed: BackoffLimitExceeded"}, metav1.NewTime(t0.Add(2*time.Minute))))
+	gone.DeletionTimestamp = &metav1.Time{Time: t0.Add(2 * time.Minute)}
+	r.Add(0, record.Of(gone, record.Decision{Outcome: record.OutcomeFailed, Consequence: "counted as failed: the Job failed (BackoffLimitExceeded) while it ran"}, metav1.NewTime(t0.Add(2*time.Minute))))
+	rec := record.New("default", "crashy", "crashy-uid")
+	rec.Set(r, 3000)
+	return job, []runtime.Object{job, rec}
 }
 
-func TestDeletedPodFromShimEvent(t *testing.T) {
+func TestDeletedPodFromShimRecord(t *testing.T) {
 	_, objs := onFailureJob()
-	client := fake.NewClientset(objs...)
+	client := fakeClient(t, objs...)
 	var out bytes.Buffer
 	if err := Job(context.Background(), client, "default", "crashy", &out); err != nil {
 		t.Fatal(err)
@@ -173,19 +169,23 @@ func TestDeletedPodFromShimEvent(t *testing.T) {
 	assertLinesInOrder(t, out.String(), []string{
 		"  status:      Failed (BackoffLimitExceeded: Job has reached the specified backoff limit)",
 		"Failed pods (0):",
-		"Pods that are gone (1, from coroner-shim's Events):",
-		"  crashy-7xk2p",
-		"    cause:      container main last exited 3 (Error) at 2026-01-02T03:01:00Z, 3 restarts, then waiting (CrashLoopBackOff); deleted by coroner-shim (job failed: BackoffLimitExceeded)",
-		"    last state: phase Running",
-		"    last state: container main waiting (CrashLoopBackOff), last exited 3 (Error) at 2026-01-02T03:01:00Z, 3 restarts",
+		"Pods that are gone (1, from coroner-shim's record):",
+		"  crashy-7xk2p  node node-a",
+		"    cause:      3 restarts, last: container main exited 3; deleted by coroner-shim (job failed: BackoffLimitExceeded)",
+		"    recorded:   failed, counted (last phase Running) at 2026-01-02T03:02:00Z",
+		"    rule:       no podFailurePolicy",
+		"    action:     counted as failed: the Job failed (BackoffLimitExceeded) while it ran",
 	})
+	if strings.Contains(out.String(), "Note:") {
+		t.Error("a Job whose every counted pod is recorded has a note")
+	}
 
 	// Also one pod by name, though it is gone.
 	pr, err := Pod(context.Background(), client, "default", "crashy-7xk2p")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pr.State != StateDeleted || pr.Job != "crashy" || pr.Restarts != 3 || !strings.Contains(pr.Cause, "last exited 3") {
+	if pr.State != StateDeleted || pr.Job != "crashy" || pr.Restarts != 3 || !strings.Contains(pr.Cause, "last: container main exited 3") {
 		t.Errorf("pod report = %+v", pr)
 	}
 	if _, err := Pod(context.Background(), client, "default", "never-was"); !apierrors.IsNotFound(err) {
@@ -193,27 +193,65 @@ func TestDeletedPodFromShimEvent(t *testing.T) {
 	}
 }
 
-// TestGoneListsNoLivePod: the decision of a FailJob rule, in upstream's words, and an
-// aggregated Event are about pods that exist: not gone.
-func TestGoneListsNoLivePod(t *testing.T) {
+// TestIncompleteStory: explain says plainly what it cannot tell, and why: no record at
+// all, or entries dropped past the bound, and counted failures it knows nothing of.
+func TestIncompleteStory(t *testing.T) {
+	job, objs := onFailureJob()
+	t.Run("no record", func(t *testing.T) {
+		r := Build(job, nil, nil)
+		assertLinesInOrder(t, strings.Join(r.Notes, "\n"), []string{
+			"coroner-shim has no record of this Job (JobRecord default/crashy)",
+			"status.failed is 1 but 0 counted failed pods are known (existing or recorded): the other 1 were deleted, and there is no record",
+		})
+	})
+	t.Run("an earlier Job's record is not this one's", func(t *testing.T) {
+		rec := objs[1].(*record.JobRecord).DeepCopy()
+		rec.JobUID = "earlier"
+		if r := Build(job, nil, rec); r.Record.Found || len(r.Pods) != 0 {
+			t.Errorf("report = %+v, want no record and no pods", r)
+		}
+	})
+	t.Run("dropped past the bound", func(t *testing.T) {
+		rec := objs[1].(*record.JobRecord).DeepCopy()
+		rec.Pods = nil
+		rec.MaxPods, rec.Dropped = 2, map[record.Outcome]int32{record.OutcomeFailed: 1, record.OutcomeSucceeded: 4}
+		r := Build(job, nil, rec)
+		assertLinesInOrder(t, strings.Join(r.Notes, "\n"), []string{
+			"the record dropped 5 pods past its bound of 2 (1 failed, 4 succeeded, oldest first)",
+			"status.failed is 1 but 0 counted failed pods are known (existing or recorded): the other 1 were dropped from the record, or deleted without one",
+		})
+		if r.Record.Dropped["Failed"] != 1 {
+			t.Errorf("record state = %+v", r.Record)
+		}
+	})
+}
+
+// TestRecordedDecisions: a pod that left the Job but still exists is told as it is, with
+// what the shim recorded deciding about it; only the others are gone.
+func TestRecordedDecisions(t *testing.T) {
 	job := wrappers.MakeJob("fj", "default").ManagedBy(conditions.ManagedBy).PodFailurePolicy(
 		wrappers.OnExitCodes(batchv1.PodFailurePolicyActionFailJob, batchv1.PodFailurePolicyOnExitCodesOpIn, 42)).Obj()
 	job.UID = "fj-uid"
+	job.Status.Failed = 2
 	bad := ownedPod(job, "fj-bad", 0).Phase(corev1.PodFailed).ExitedContainer("main", 42).Obj()
-	other := ownedPod(job, "fj-other", 0).Phase(corev1.PodFailed).ExitedContainer("main", 1).Obj()
-	ev := func(msg string) corev1.Event {
-		return corev1.Event{InvolvedObject: corev1.ObjectReference{Kind: "Job", Name: "fj", UID: "fj-uid"}, Reason: conditions.EventReasonPodFailurePolicy, Message: msg}
+	gone := ownedPod(job, "fj-gone", 0).Phase(corev1.PodFailed).ExitedContainer("main", 1).Obj()
+	var r record.Record
+	r.Add(0, record.Of(bad, record.Decision{Outcome: record.OutcomeFailed, Rule: 0, Action: batchv1.PodFailurePolicyActionFailJob, Consequence: "the Job fails (reason PodFailurePolicy)"}, metav1.NewTime(t0)),
+		record.Of(gone, record.Decision{Outcome: record.OutcomeFailed, Consequence: "counts towards the backoff limit"}, metav1.NewTime(t0)))
+	rec := record.New("default", "fj", "fj-uid")
+	rec.Set(r, 10)
+	rep := Build(job, []*corev1.Pod{bad}, rec)
+	if len(rep.Pods) != 2 || rep.Pods[0].Name != "fj-bad" || rep.Pods[0].State != StateFailed || rep.Pods[1].Name != "fj-gone" || rep.Pods[1].State != StateDeleted {
+		t.Fatalf("pods = %+v", rep.Pods)
 	}
-	r := Build(job, []*corev1.Pod{bad, other}, []corev1.Event{
-		ev("Container main for pod default/fj-bad failed with exit code 42 matching FailJob rule at index 0"),
-		ev(conditions.AggregatedEventPrefix + "pod default/fj-other: container main exited 1, no rule matched: counts towards the backoff limit"),
-		ev("pod default/fj-gone: container main exited 1, no rule matched: counts towards the backoff limit"),
-	})
-	if diff := cmp.Diff([]string{"pod default/fj-gone: container main exited 1, no rule matched: counts towards the backoff limit"}, r.GoneDecisions); diff != "" {
-		t.Errorf("gone decisions (-want +got):\n%s", diff)
+	if diff := cmp.Diff([]string{"failed, counted (last phase Failed) at 2026-01-02T03:00:00Z; rule 0 (FailJob): the Job fails (reason PodFailurePolicy)"}, rep.Pods[0].Decisions); diff != "" {
+		t.Errorf("decisions of fj-bad (-want +got):\n%s", diff)
 	}
-	if got := r.Pods[0].Decisions; len(got) != 1 || !strings.HasPrefix(got[0], "Container main for pod default/fj-bad") {
-		t.Errorf("decisions of fj-bad = %q", got)
+	if rep.Pods[1].Cause != "container main exited 1" || rep.Pods[1].Rule != "no rule matched" || rep.Pods[1].Action != "counts towards the backoff limit" {
+		t.Errorf("fj-gone = %+v", rep.Pods[1])
+	}
+	if len(rep.Notes) != 0 {
+		t.Errorf("notes = %q, want none: both counted failures are known", rep.Notes)
 	}
 }
 
@@ -222,7 +260,7 @@ func TestGoneListsNoLivePod(t *testing.T) {
 func TestJSONNamesEveryPodsCause(t *testing.T) {
 	_, objs := indexedJob()
 	_, more := onFailureJob()
-	client := fake.NewClientset(append(objs, more...)...)
+	client := fakeClient(t, append(objs, more...)...)
 	reports, err := Explain(context.Background(), client, "default", []Target{{KindJob, "train"}})
 	if err != nil {
 		t.Fatal(err)
@@ -294,7 +332,7 @@ func TestStampedPods(t *testing.T) {
 	plain := wrappers.MakePod("plain", "other").Phase(corev1.PodFailed).ExitedContainer("main", 1).Obj()
 	history := wrappers.MakePod("restarted", "other").Phase(corev1.PodRunning).RunningContainer("main").
 		Annotation(conditions.AnnotationExitHistory, `[{"container":"main","exitCode":2}]`).Obj()
-	client := fake.NewClientset(append(objs, plain, history)...)
+	client := fakeClient(t, append(objs, plain, history)...)
 	reports, err := Explain(context.Background(), client, metav1.NamespaceAll, []Target{{Kind: KindPod}})
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package explain
 
 import (
+	"maps"
 	"slices"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -9,6 +10,8 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // The documented output of `explain -o json|yaml`. Fields are only ever added; a change
@@ -41,8 +44,9 @@ const (
 	StateTerminating PodState = "Terminating"
 	StateSucceeded   PodState = "Succeeded"
 	StateFailed      PodState = "Failed"
-	// StateDeleted: the pod is gone; what is known of it comes from coroner-shim's Events
-	// on the Job (its last state when the shim deleted it, its failure decision).
+	// StateDeleted: the pod is gone; what is known of it comes from coroner-shim's record
+	// of the Job (JobRecord: its last phase and cause, the decision, why the shim deleted
+	// it).
 	StateDeleted PodState = "Deleted"
 )
 
@@ -53,13 +57,17 @@ type Report struct {
 	// Rules are the Job's podFailurePolicy rules, described.
 	Rules []string `json:"rules,omitempty"`
 	// Pods are every pod of the Job, the existing ones (oldest first) then those only
-	// coroner-shim's Events remember (StateDeleted). Each has a cause.
+	// coroner-shim's record remembers (StateDeleted), oldest recorded first. Each has a
+	// cause.
 	Pods []PodReport `json:"pods"`
 	// Indexes is the per-index state of an Indexed Job.
 	Indexes []IndexState `json:"indexes,omitempty"`
-	// GoneDecisions are the messages of coroner-shim's PodFailurePolicy Events about pods
-	// that no longer exist, oldest first.
+	// GoneDecisions is always empty: it held the decisions explain read from Events
+	// before it read the JobRecord; a gone pod's decision is in its PodReport (rule,
+	// action).
 	GoneDecisions []string `json:"goneDecisions,omitempty"`
+	// Record says what explain had of coroner-shim's record of the Job.
+	Record RecordState `json:"record"`
 	// Notes are remarks about the report itself.
 	Notes []string `json:"notes,omitempty"`
 
@@ -117,12 +125,14 @@ type PodReport struct {
 	// "rule 0 (FailJob): container main exit code 42"), Action what it did to the Job.
 	Rule   string `json:"rule,omitempty"`
 	Action string `json:"action,omitempty"`
-	// Decisions are the messages of coroner-shim's PodFailurePolicy Events about the pod.
+	// Decisions are what coroner-shim recorded deciding about a pod that still exists
+	// (its outcome, rule and consequence), from the Job's record.
 	Decisions []string `json:"decisions,omitempty"`
 	// Warnings are what the reader must not miss, such as a Succeeded pod with an OOM kill.
 	Warnings []string `json:"warnings,omitempty"`
 
-	pod *corev1.Pod
+	pod   *corev1.Pod
+	entry *record.Entry
 }
 
 // Line is a labelled line of a report.
@@ -163,6 +173,7 @@ func newList(items []runtime.Object) *List {
 func (r *Report) DeepCopyObject() runtime.Object {
 	c := *r
 	c.Rules, c.GoneDecisions, c.Notes = slices.Clone(r.Rules), slices.Clone(r.GoneDecisions), slices.Clone(r.Notes)
+	c.Record.Dropped = maps.Clone(r.Record.Dropped)
 	c.Pods = make([]PodReport, len(r.Pods))
 	for i := range r.Pods {
 		c.Pods[i] = *r.Pods[i].DeepCopyObject().(*PodReport)

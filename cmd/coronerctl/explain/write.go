@@ -9,6 +9,8 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // Write prints the report for people.
@@ -74,22 +76,35 @@ func (r *Report) Write(out io.Writer) error {
 		writeLines(w, p.Details)
 		w.printf("    %-11s %s\n", "rule:", p.Rule)
 		w.printf("    %-11s %s\n", "action:", p.Action)
+		for _, d := range p.Decisions {
+			w.printf("    %-11s %s\n", "recorded:", d)
+		}
 	}
 
 	if len(deleted) > 0 {
-		// What coroner-shim recorded of them: the last state of the pods it deleted, its
-		// decisions about failed pods deleted since.
-		w.printf("\nPods that are gone (%d, from coroner-shim's Events):\n", len(deleted))
+		// What coroner-shim recorded of them (JobRecord). Those that succeeded are
+		// counted, not listed (-o json lists them).
+		var told []PodReport
+		succeeded := 0
 		for _, p := range deleted {
+			if p.entry != nil && p.entry.Outcome == record.OutcomeSucceeded {
+				succeeded++
+				continue
+			}
+			told = append(told, p)
+		}
+		w.printf("\nPods that are gone (%d, from coroner-shim's record):\n", len(deleted))
+		for _, p := range told {
 			w.printf("%s\n", podHead(p))
 			w.printf("    %-11s %s\n", "cause:", p.Cause)
 			writeLines(w, p.Details)
-			if len(p.Decisions) == 1 && decisionCause(p.Decisions[0]) == p.Cause {
-				continue // the cause says it already
+			if p.Rule != "" {
+				w.printf("    %-11s %s\n", "rule:", p.Rule)
+				w.printf("    %-11s %s\n", "action:", p.Action)
 			}
-			for _, d := range p.Decisions {
-				w.printf("    %-11s %s\n", "decision:", d)
-			}
+		}
+		if succeeded > 0 {
+			w.printf("  and %d that succeeded\n", succeeded)
 		}
 	}
 
@@ -174,7 +189,7 @@ func (p *PodReport) Write(out io.Writer) error {
 		w.printf("  %-11s %s\n", "action:", p.Action)
 	}
 	for _, d := range p.Decisions {
-		w.printf("  %-11s %s\n", "decision:", d)
+		w.printf("  %-11s %s\n", "recorded:", d)
 	}
 	return w.err
 }

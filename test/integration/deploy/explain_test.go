@@ -10,18 +10,22 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/coroner-dev/coroner/cmd/coronerctl/explain"
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/record"
 	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
 // TestExplainAgainstTheAPIServer runs `coronerctl explain` against the real API server
-// (the unit tests use client-go's fake, which ignores field selectors): the Job's
-// generated selector finds its pods, and the events field selector on involvedObject.uid
-// is accepted and finds the shim's decisions.
+// (the unit tests use client-go's fakes, which ignore selectors and schemas): the Job's
+// generated selector finds its pods, and the JobRecord, created through the CRD's schema
+// with strict field validation, tells the pod that is gone.
 func TestExplainAgainstTheAPIServer(t *testing.T) {
 	env := harness.Shared(t)
 	ctx := context.Background()
@@ -53,30 +57,26 @@ func TestExplainAgainstTheAPIServer(t *testing.T) {
 	if _, err := client.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range []*corev1.Event{
-		{
-			ObjectMeta:     metav1.ObjectMeta{GenerateName: "train-", Namespace: ns},
-			InvolvedObject: corev1.ObjectReference{Kind: "Job", APIVersion: "batch/v1", Namespace: ns, Name: job.Name, UID: job.UID},
-			Reason:         conditions.EventReasonPodFailurePolicy, Type: corev1.EventTypeWarning,
-			Message:        "pod " + ns + "/train-0-gone: container main exited 42, matched rule 0 (FailIndex): index 0 failed",
-			Source:         corev1.EventSource{Component: "coroner-shim"},
-			FirstTimestamp: finished, LastTimestamp: finished, Count: 1,
-		},
-		{ // another object's event is not the Job's
-			ObjectMeta:     metav1.ObjectMeta{GenerateName: "other-", Namespace: ns},
-			InvolvedObject: corev1.ObjectReference{Kind: "Job", APIVersion: "batch/v1", Namespace: ns, Name: "other", UID: "other-uid"},
-			Reason:         conditions.EventReasonPodFailurePolicy, Type: corev1.EventTypeWarning,
-			Message:        "pod " + ns + "/other-0-x: not this Job's",
-			FirstTimestamp: finished, LastTimestamp: finished, Count: 1,
-		},
-	} {
-		if _, err := client.CoreV1().Events(ns).Create(ctx, e, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+	// The shim's record: a pod of index 0 that is gone, and one of another Job of the
+	// same name that an earlier JobRecord could have held.
+	gone := wrappers.MakePod("train-0-gone", ns).Index(0).Phase(corev1.PodFailed).ExitedContainer("main", 42).Obj()
+	gone.Spec.NodeName = "node-a"
+	var r record.Record
+	r.Add(0, record.Of(gone, record.Decision{Outcome: record.OutcomeFailed, Rule: 0, Action: batchv1.PodFailurePolicyActionFailIndex, Consequence: "index 0 failed"}, finished))
+	rec := record.New(ns, job.Name, job.UID)
+	rec.Set(r, 3000)
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn := dynamic.NewForConfigOrDie(env.Config)
+	// Server-side validation: the CRD's schema accepts what the shim writes, strictly.
+	if _, err := dyn.Resource(record.GroupVersionResource).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
+		t.Fatal(err)
 	}
 
 	var out bytes.Buffer
-	if err := explain.Job(ctx, client, ns, "train", &out); err != nil {
+	if err := explain.Job(ctx, explain.Client{Interface: client, Dynamic: dyn}, ns, "train", &out); err != nil {
 		t.Fatal(err)
 	}
 	got := out.String()
@@ -90,14 +90,12 @@ func TestExplainAgainstTheAPIServer(t *testing.T) {
 		"    exit:       container main exited 42 (Error)",
 		"    rule:       rule 0 (FailIndex): container main exit code 42\n",
 		"    action:     index 1 fails, without retries\n",
-		// The pod the shim's Event names, gone from the API server.
-		"Pods that are gone (1, from coroner-shim's Events):\n  train-0-gone  index 0\n    cause:      container main exited 42, matched rule 0 (FailIndex): index 0 failed\n",
+		// The pod the shim's record names, gone from the API server.
+		"Pods that are gone (1, from coroner-shim's record):\n  train-0-gone  index 0  node node-a\n    cause:      container main exited 42\n",
+		"    rule:       rule 0 (FailIndex)\n    action:     index 0 failed\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the output lacks %q", want)
 		}
-	}
-	if strings.Contains(got, "not this Job's") {
-		t.Error("the output shows another Job's event")
 	}
 }

@@ -10,6 +10,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/coroner-dev/coroner/cmd/coronerctl/explain"
 	"github.com/coroner-dev/coroner/conditions"
@@ -240,7 +241,7 @@ func (f *fixture) jobEvents(job *batchv1.Job, reason string) []string {
 
 // TestDeletedPodKeepsLastExit (issue 13): with restartPolicy OnFailure a crash-looping pod
 // fails the Job with BackoffLimitExceeded and is deleted by the shim; its SuccessfulDelete
-// Event keeps its last exit, and coronerctl explain tells it from there.
+// Event keeps its last exit for people, its JobRecord entry for coronerctl explain.
 func TestDeletedPodKeepsLastExit(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, controller.Config{})
@@ -260,11 +261,17 @@ func TestDeletedPodKeepsLastExit(t *testing.T) {
 		"Deleted pod: %s (job failed: BackoffLimitExceeded); phase Running; container main waiting (CrashLoopBackOff), last exited 3 (Error) at %s, 2 restarts",
 		pod.Name, finished.UTC().Format(time.RFC3339)))
 
-	r, err := explain.JobReport(context.Background(), f.client, f.ns, job.Name)
+	r, err := explain.JobReport(context.Background(), explain.Client{Interface: f.client, Dynamic: dynamic.NewForConfigOrDie(f.env.Config)}, f.ns, job.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Pods) != 1 || r.Pods[0].Name != pod.Name || r.Pods[0].State != explain.StateDeleted || !strings.Contains(r.Pods[0].Cause, "last exited 3 (Error)") {
-		t.Errorf("explain's pods = %+v, want %s deleted, with its last exit", r.Pods, pod.Name)
+	if len(r.Pods) != 1 || r.Pods[0].Name != pod.Name || r.Pods[0].State != explain.StateDeleted ||
+		r.Pods[0].Cause != "2 restarts, last: container main exited 3; deleted by coroner-shim (job failed: BackoffLimitExceeded)" {
+		t.Errorf("explain's pods = %+v, want %s deleted, with its last exit and why", r.Pods, pod.Name)
+	}
+	for _, n := range r.Notes {
+		if strings.Contains(n, "record") || strings.Contains(n, "status.failed") {
+			t.Errorf("explain's note %q: the one counted failure is recorded", n)
+		}
 	}
 }
