@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -62,7 +63,7 @@ const (
 // process of its own (this program again, see childMain).
 func startCoroner(api *harness.Env, c config) (controllerUnderTest, error) {
 	if c.coroner == coronerInProcess {
-		return startCoronerHere(api.Config, c.qps, c.burst, c.workers)
+		return startCoronerHere(api.Config, c.qps, c.burst, c.workers, !c.noJobRecords)
 	}
 	return startCoronerChild(api, c)
 }
@@ -76,15 +77,26 @@ type inProcess struct {
 	exit    chan error
 }
 
-func startCoronerHere(base *rest.Config, qps float64, burst, workers int) (*inProcess, error) {
+func startCoronerHere(base *rest.Config, qps float64, burst, workers int, jobRecords bool) (*inProcess, error) {
 	counter := newCallCounter()
 	client, err := newClient(base, controller.Component, float32(qps), burst, counter.wrap)
 	if err != nil {
 		return nil, err
 	}
+	var records controller.RecordsConfig
+	if jobRecords {
+		// As deployed (--job-records, on by default): the JobRecords' writes are counted
+		// with the rest of the controller's calls.
+		cfg := rest.CopyConfig(base)
+		cfg.UserAgent, cfg.QPS, cfg.Burst = controller.Component, float32(qps), burst
+		cfg.Wrap(counter.wrap)
+		if records.Client, err = dynamic.NewForConfig(cfg); err != nil {
+			return nil, err
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &inProcess{
-		ctrl:    controller.New(client, controller.Config{Workers: workers}),
+		ctrl:    controller.New(client, controller.Config{Workers: workers, Records: records}),
 		counter: counter,
 		cancel:  cancel,
 		done:    make(chan error, 1),
@@ -134,6 +146,7 @@ type childSpec struct {
 	QPS        float64 `json:"qps"`
 	Burst      int     `json:"burst"`
 	Workers    int     `json:"workers"`
+	JobRecords bool    `json:"jobRecords"`
 	LogFile    string  `json:"logFile"`
 	LogV       int     `json:"logV"`
 	// ProfileDir, when set, receives coroner-cpu.pprof, the CPU profile of the process's
@@ -168,7 +181,7 @@ func childMain(spec string) int {
 		fmt.Fprintf(os.Stderr, "bench-shim child: %v\n", err)
 		return 1
 	}
-	p, err := startCoronerHere(cfg, s.QPS, s.Burst, s.Workers)
+	p, err := startCoronerHere(cfg, s.QPS, s.Burst, s.Workers, s.JobRecords)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench-shim child: %v\n", err)
 		return 1
@@ -241,7 +254,7 @@ func startCoronerChild(api *harness.Env, c config) (*childProcess, error) {
 	if err != nil {
 		return nil, err
 	}
-	spec, err := json.Marshal(childSpec{Kubeconfig: api.Kubeconfig, QPS: c.qps, Burst: c.burst, Workers: c.workers, LogFile: c.logFile, LogV: c.logV, ProfileDir: c.profileDir})
+	spec, err := json.Marshal(childSpec{Kubeconfig: api.Kubeconfig, QPS: c.qps, Burst: c.burst, Workers: c.workers, JobRecords: !c.noJobRecords, LogFile: c.logFile, LogV: c.logV, ProfileDir: c.profileDir})
 	if err != nil {
 		return nil, err
 	}

@@ -18,7 +18,8 @@
 //     with the flags of harness.Env.StartControllerManager plus its client's rate limits
 //     (--kube-api-qps, --kube-api-burst) and access to /metrics, which that helper does
 //     not offer (nor does it say its port). Its Jobs have no spec.managedBy.
-//   - coroner: controller.New(client, controller.Config{Workers: 5}).Run, otherwise with
+//   - coroner: controller.New(client, controller.Config{Workers: 5, Records}).Run (with its
+//     JobRecords, as deployed, unless -no-job-records), otherwise with
 //     coroner-shim's defaults (managedBy coroner.dev/shim, 1s pod event batching, 10s
 //     doubling pod backoff); its Jobs have spec.managedBy coroner.dev/shim. By default it
 //     runs in a child process, this program started again (childMain), like
@@ -204,6 +205,7 @@ func flagSet(c *config) *flag.FlagSet {
 	fs.DurationVar(&c.longRunTime, "long-run-time", c.longRunTime, "how long the other pods of a Job ended by one pod's failure would run: the controller must stop them")
 	fs.Float64Var(&c.qps, "kube-api-qps", c.qps, "client QPS of both controllers")
 	fs.IntVar(&c.burst, "kube-api-burst", c.burst, "client burst of both controllers")
+	fs.BoolVar(&c.noJobRecords, "no-job-records", c.noJobRecords, "run coroner's controller without its JobRecords (--job-records=false), to measure what they cost")
 	fs.IntVar(&c.workers, "workers", c.workers, "Jobs synced concurrently by each controller (coroner's Workers, kube-controller-manager's --concurrent-job-syncs)")
 	fs.StringVar(&c.coroner, "coroner", c.coroner, "where coroner's controller runs: \"process\", a child process of its own (this program again), like kube-controller-manager; or \"in-process\", inside this program, next to the simulated kubelet")
 	fs.BoolVar(&c.sequential, "sequential", c.sequential, "run the built-in controller's workload first, then coroner's, instead of both at the same time")
@@ -254,6 +256,7 @@ type config struct {
 	startDelay, runTime, longRunTime      time.Duration
 	qps                                   float64
 	burst, workers                        int
+	noJobRecords                          bool
 	sequential                            bool
 	coroner                               string
 	timeout, startTimeout                 time.Duration

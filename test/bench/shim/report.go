@@ -249,6 +249,7 @@ func report(c config, w workload, ts []*target, mode, version string, problems [
 	for _, m := range []string{"GET", "POST", "PUT", "PATCH", "DELETE"} {
 		callRow("  "+m, func(cs calls) int64 { return cs.method(m) })
 	}
+	callRow("  JobRecord calls", calls.jobRecords)
 	callRow("  answered 409 Conflict", func(cs calls) int64 { return cs.code("409") })
 	num("API calls per pod", "callsPerPod", ra.CallsPerPod, rb.CallsPerPod, "%.2f")
 	num("API calls per pod failure", "callsPerFailure", ra.CallsPerFailure, rb.CallsPerFailure, "%.2f")
