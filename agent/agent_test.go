@@ -188,9 +188,9 @@ func (e *testEnv) cached(uid types.UID) func() bool {
 // exit and its OOM events.
 func (e *testEnv) containerDone(id string) func() bool {
 	return func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		c := e.a.containers[id]
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		c := e.a.table.containers[id]
 		return c != nil && c.exitDone && c.oomHandled == len(c.ooms)
 	}
 }
@@ -265,9 +265,9 @@ func TestLimitOOMStamped(t *testing.T) {
 	cg := e.startedWith20MiB(p, id, 4242)
 	e.kernel <- oomKill(p, id, 4242)
 	e.until("the kernel kill read", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		return len(e.a.kernel.kills) == 1
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		return len(e.a.table.kernel.kills) == 1
 	})
 	e.writeCgroup(cg, 1, 30, 20<<20, 20<<20, 4242)
 	e.writeCgroup(podCgroup(uid), 1, 30, 0, 20<<20)
@@ -393,9 +393,9 @@ func TestBatchingOnePatch(t *testing.T) {
 		id := containerID(70 + i)
 		e.kernel <- oomKill(p, id, 0)
 		e.until("the kernel kill read", func() bool {
-			e.a.mu.Lock()
-			defer e.a.mu.Unlock()
-			return len(e.a.kernel.kills) == i+1
+			e.a.table.mu.Lock()
+			defer e.a.table.mu.Unlock()
+			return len(e.a.table.kernel.kills) == i+1
 		})
 		e.src.Send(exited(p, c, id, 137, "OOMKilled"))
 		e.until("the exit classified", e.containerDone(id))
@@ -581,9 +581,9 @@ func (e *testEnv) oomWithoutKernelReport(p *corev1.Pod, id string) {
 	e.writeCgroup(cg, 0, 0, 20<<20, 1<<20, 99)
 	e.src.Send(event(cri.Started, p, "main", id))
 	e.until("the start reading", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		c := e.a.containers[id]
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		c := e.a.table.containers[id]
 		return c != nil && c.podAtStart != nil
 	})
 	e.writeCgroup(cg, 1, 12, 20<<20, 20<<20, 99)
@@ -592,9 +592,9 @@ func (e *testEnv) oomWithoutKernelReport(p *corev1.Pod, id string) {
 	oom.OOMAt = t0
 	e.src.Send(oom)
 	e.until("waiting for the kernel", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		c := e.a.containers[id]
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		c := e.a.table.containers[id]
 		return c != nil && c.kernelWaited[itemOOM]
 	})
 }
@@ -680,7 +680,7 @@ func TestStaticPodMirrorStamped(t *testing.T) {
 	if v := metrics.Value(e.m.DroppedEvents); v != 0 {
 		t.Errorf("dropped = %v, want 0", v)
 	}
-	if n := len(e.a.observedStates(runtimeUID(e.a.podByUID(mirror.UID)))); n != 1 {
+	if n := len(e.a.table.observedStates(runtimeUID(e.a.podByUID(mirror.UID)))); n != 1 {
 		t.Errorf("the pod-level decision sees %d runtime states, want 1", n)
 	}
 }
@@ -690,14 +690,14 @@ func TestStaticPodMirrorStamped(t *testing.T) {
 // batch period, which the frozen fake clock does not end).
 func (e *testEnv) limitOOMExit(p *corev1.Pod, id string) {
 	e.t.Helper()
-	e.a.mu.Lock()
-	read := len(e.a.kernel.kills)
-	e.a.mu.Unlock()
+	e.a.table.mu.Lock()
+	read := len(e.a.table.kernel.kills)
+	e.a.table.mu.Unlock()
 	e.kernel <- oomKill(p, id, 0)
 	e.until("the kernel kill read", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		return len(e.a.kernel.kills) == read+1
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		return len(e.a.table.kernel.kills) == read+1
 	})
 	e.src.Send(exited(p, "main", id, 137, "OOMKilled"))
 	e.until("the stamp queued", func() bool { return e.a.stamper.Pending(p.UID) > 0 })
@@ -775,9 +775,9 @@ func TestLateOOMEvidence(t *testing.T) {
 	e.writeCgroup(podCgroup(uid), 0, 12, 0, 20<<20)
 	e.src.Send(exited(p, "main", id, 137, "Error"))
 	e.until("the exit waiting for evidence", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		c := e.a.containers[id]
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		c := e.a.table.containers[id]
 		return c != nil && c.kernelWaited[itemExit]
 	})
 	oom := event(cri.OOM, p, "main", id)
@@ -793,9 +793,9 @@ func TestLateOOMEvidence(t *testing.T) {
 	other := containerID(41)
 	e.src.Send(exited(killed, "main", other, 137, "Error"))
 	e.until("the kill waiting for evidence", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		c := e.a.containers[other]
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		c := e.a.table.containers[other]
 		return c != nil && c.kernelWaited[itemExit]
 	})
 	e.stepUntil("the kill classified", 50*time.Millisecond, e.containerDone(other))
@@ -819,9 +819,9 @@ func (e *testEnv) startedWith20MiB(p *corev1.Pod, id string, pid int) string {
 	e.writeCgroup(cg, 0, 0, 20<<20, 1<<20, pid)
 	e.src.Send(event(cri.Started, p, "main", id))
 	e.until("the start reading", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		c := e.a.containers[id]
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		c := e.a.table.containers[id]
 		return c != nil && c.podAtStart != nil && len(c.pids) == 1
 	})
 	return cg
