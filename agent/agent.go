@@ -157,27 +157,22 @@ type Agent struct {
 	// logger is for the informer's handlers, which have no context; Run sets it.
 	logger klog.Logger
 
-	mu         sync.Mutex
-	containers map[string]*container
-	// observed are the containers' states by pod UID and container name, as the runtime
-	// reports them (StampsForPod's observed).
-	observed map[types.UID]map[string]observedState
+	// table is the per-container state: the containers, the runtime's states of the
+	// pods' containers, the kernel's kills and what they taught (its own lock).
+	table *containerTable
+
+	// mu guards gone and reasonSeen, and nothing else.
+	mu sync.Mutex
 	// gone are pods known not to be this node's to write: deleted (seen by the
 	// informer, or a 404) or bound to another node, with the reason and when learned.
 	gone map[types.UID]goneRecord
 	// reasonSeen is when the agent first saw a pod's status.reason (A3's event time).
 	reasonSeen map[types.UID]time.Time
-	kernel     kernelLog
+
 	// kernelReady: the kernel log's backlog has been consumed (or there is none to
-	// wait for): see Config.KernelCaughtUp.
-	kernelReady bool
-	// pids is what the agent knows about whose numbering PIDs are in: its own PID
-	// namespace, the host prefix learned from the kernel's paths, evidence that the
-	// runtime's PIDs are not the kernel's (see learnLocked).
-	pids classify.PIDFacts
-	// prefixConflict: a kernel path named one of the node's containers under another
-	// host prefix than the learned one (logged once).
-	prefixConflict bool
+	// wait for): see Config.KernelCaughtUp. It is set after the backlog's kills are in
+	// the table, so that a classification that sees it set also sees them.
+	kernelReady atomic.Bool
 	// started is when Run started.
 	started time.Time
 	// draining: Run's context is done and the agent finishes what it has (drain); the
@@ -216,19 +211,20 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.InitPIDNamespace == nil {
 		cfg.InitPIDNamespace = initPIDNamespace
 	}
+	var pids classify.PIDFacts
+	pids.InitNamespace, _ = cfg.InitPIDNamespace()
 	a := &Agent{
 		cfg:        cfg,
 		clock:      cfg.Clock,
 		metrics:    cfg.Metrics,
 		logger:     klog.Background(),
-		containers: map[string]*container{},
-		observed:   map[types.UID]map[string]observedState{},
+		table:      newContainerTable(pids),
 		gone:       map[types.UID]goneRecord{},
 		reasonSeen: map[types.UID]time.Time{},
 		history:    exithistory.Limits{MaxEntries: cfg.ExitHistorySize},
-		// Nothing to wait for without a kernel log or without a backlog signal.
-		kernelReady: cfg.Kernel == nil || cfg.KernelCaughtUp == nil,
 	}
+	// Nothing to wait for without a kernel log or without a backlog signal.
+	a.kernelReady.Store(cfg.Kernel == nil || cfg.KernelCaughtUp == nil)
 	recorder := cfg.Recorder
 	if recorder == nil {
 		a.broadcaster = record.NewBroadcaster()
@@ -244,7 +240,6 @@ func New(cfg Config) (*Agent, error) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
 		}))
 	a.informer = a.factory.Core().V1().Pods().Informer()
-	a.pids.InitNamespace, _ = cfg.InitPIDNamespace()
 	if err := a.informer.AddIndexers(cache.Indexers{
 		uidIndex: func(obj any) ([]string, error) {
 			if pod, ok := obj.(*corev1.Pod); ok {

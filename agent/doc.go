@@ -24,8 +24,17 @@
 //     config hash (the CRI label io.kubernetes.pod.uid, the cgroup's pod<hash>), which
 //     the mirror pod carries in kubernetes.io/config.mirror; the mirror pod is the one
 //     stamped;
+//   - the container table (containerTable, agent/table.go): what the agent knows of each
+//     container, the runtime's states of its pods' containers, and the kernel's kills
+//     with what they taught (the host prefix, the PID facts), under a lock of its own and
+//     changed only by its named transitions, each one locking once. The agent's own lock
+//     guards only the pods known gone and when a pod's status.reason was first seen; the
+//     two are never held together;
 //   - a work queue (client-go's delaying queue, on the agent's clock) of exits, OOM
-//     kills and pod decisions, handled by Workers goroutines;
+//     kills and pod decisions, handled by Workers goroutines: each exit or OOM item is
+//     looked up in the table, its pod found, a snapshot of its container taken and
+//     classified with no lock held, and the item claimed by one transition before its
+//     stamps are requested;
 //   - the stamper (agent/stamper), which batches, deduplicates and writes the stamps
 //     and records the metrics (agent/metrics);
 //   - with Config.Fencing, the fencer (agent/fence): the Lease, the fence, the Fenced

@@ -58,22 +58,22 @@ func TestKindSharedKernel(t *testing.T) {
 		e.src.Send(kindEvent(cri.Started, p, id, pids[p]))
 	}
 	e.until("the containers known", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		return len(e.a.containers) == 3 && e.a.containers[ids[lone]].runtimePID == 4243
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		return len(e.a.table.containers) == 3 && e.a.table.containers[ids[lone]].runtimePID == 4243
 	})
 	kills := kernelTestdata(t, "constructed-kind-two-nodes.txt")
 	for _, k := range kills {
 		e.kernel <- k
 	}
 	e.until("the kernel kills read and the prefix learned", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		return len(e.a.kernel.kills) == len(kills) && e.a.pids.PrefixKnown
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		return len(e.a.table.kernel.kills) == len(kills) && e.a.table.pids.PrefixKnown
 	})
-	e.a.mu.Lock()
-	prefix := e.a.pids.HostPrefix
-	e.a.mu.Unlock()
+	e.a.table.mu.Lock()
+	prefix := e.a.table.pids.HostPrefix
+	e.a.table.mu.Unlock()
 	if want := "/system.slice/docker-b2b75b11f95220f9267e53d48df2d654d585405c36b4c752302ab39da59d74e6.scope"; prefix != want {
 		t.Fatalf("host prefix %q, want %q", prefix, want)
 	}
@@ -120,18 +120,18 @@ func TestRateLimitedKillOrdinaryNode(t *testing.T) {
 	start.PID = 5101
 	e.src.Send(start)
 	e.until("the start reading", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		c := e.a.containers[id]
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		c := e.a.table.containers[id]
 		return c != nil && c.podAtStart != nil
 	})
 	// dmesg-ratelimited-burst.txt's first line: "Memory cgroup out of memory: Killed
 	// process 5101 (worker) ...", no summary.
 	e.kernel <- kernelTestdata(t, "dmesg-ratelimited-burst.txt")[0]
 	e.until("the kernel kill read", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		return len(e.a.kernel.kills) == 1
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		return len(e.a.table.kernel.kills) == 1
 	})
 	e.writeCgroup(cg, 0, 9, 20<<20, 20<<20, 1)
 	e.writeCgroup(podCgroup(uid), 0, 9, 0, 20<<20)

@@ -82,12 +82,13 @@ func (a *Agent) podDeleted(obj any) {
 	if !ok {
 		return
 	}
+	uids := []types.UID{pod.UID, runtimeUID(pod)}
 	a.mu.Lock()
-	for _, uid := range []types.UID{pod.UID, runtimeUID(pod)} {
+	for _, uid := range uids {
 		a.gone[uid] = goneRecord{reason: metrics.DroppedPodGone, at: a.clock.Now()}
-		delete(a.observed, uid)
 	}
 	delete(a.reasonSeen, pod.UID)
 	a.mu.Unlock()
+	a.table.forget(uids...)
 	a.stamper.Forget(pod.UID)
 }

@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
-	"github.com/coroner-dev/coroner/agent/cgroup"
 	"github.com/coroner-dev/coroner/agent/classify"
 	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/agent/metrics"
@@ -41,7 +40,10 @@ func (a *Agent) processNext(ctx context.Context) bool {
 }
 
 // processContainer classifies a container's exit (itemExit) or an OOM kill in it that it
-// may survive (itemOOM), and hands the stamps to the stamper.
+// may survive (itemOOM), and hands the stamps to the stamper. Once the item's pod is
+// found (podFor) and the kernel log's backlog read, it takes a snapshot of the
+// container's state from the table, classifies it without a lock, and either waits once
+// for late evidence or claims the item (finishExit, finishOOM) and requests its stamps.
 //
 // An OOM kill of a container that keeps running is stamped only when its verdict is a
 // limit OOM (coroner.dev/OOMKilled: the workload went over its own limit, whether its
@@ -49,20 +51,13 @@ func (a *Agent) processNext(ctx context.Context) bool {
 // it exits, since a DisruptionTarget on a pod that goes on running would claim a
 // disruption that is not happening. The exit history (A5) records exits only.
 func (a *Agent) processContainer(ctx context.Context, it item) {
-	a.mu.Lock()
-	c := a.containers[it.id]
-	switch {
-	case c == nil,
-		it.kind == itemExit && (c.exit == nil || c.exitDone),
-		it.kind == itemOOM && (c.exitDone || c.oomHandled >= len(c.ooms)):
-		a.mu.Unlock()
+	ev, ok := a.table.pending(it.id, it.kind)
+	if !ok {
 		return
 	}
-	ev := c.ev
-	a.mu.Unlock()
 	logger := a.logger.WithValues("pod", klog.KRef(ev.PodNamespace, ev.PodName), "container", ev.ContainerName, "containerID", shortID(ev.ContainerID))
 
-	pod := a.podFor(ctx, logger, c, it)
+	pod := a.podFor(ctx, logger, ev, it)
 	if pod == nil {
 		return
 	}
@@ -74,22 +69,14 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 		a.queue.AddAfter(it, 50*time.Millisecond)
 		return
 	}
-	a.mu.Lock()
-	facts := a.factsLocked(c, it.kind)
-	waited := c.kernelWaited[it.kind]
-	a.mu.Unlock()
-	v := classify.ClassifyOOM(facts)
-	wait := v.Kind != classify.NotOOM && a.cfg.Kernel != nil && !kernelSeen(facts)
-	// A SIGKILL with no evidence of an OOM kill yet may still be one whose evidence
-	// trails the exit: containerd's TaskOOM event comes on a stream of its own, and the
-	// runtime can report the exit before its OOM notice (bench-beside on kind: 1 limit OOM
-	// of 400 classified NotOOM at its exit, never stamped).
-	wait = wait || (v.Kind == classify.NotOOM && it.kind == itemExit && facts.ExitCode == 137)
-	if wait && !waited && !a.draining.Load() {
+	snap, ok := a.table.snapshot(it.id, it.kind)
+	if !ok {
+		return
+	}
+	v := classify.ClassifyOOM(snap.facts)
+	if waitForEvidence(v, snap.facts, it.kind, a.cfg.Kernel != nil) && !snap.kernelWaited && !a.draining.Load() {
 		// The kernel's report is the best evidence; its reader may be a moment behind.
-		a.mu.Lock()
-		c.kernelWaited[it.kind] = true
-		a.mu.Unlock()
+		a.table.kernelWait(it.id, it.kind)
 		a.queue.AddAfter(it, a.cfg.KernelWait)
 		return
 	}
@@ -98,88 +85,18 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 	var reqs []stamper.Request
 	switch it.kind {
 	case itemExit:
-		a.mu.Lock()
-		if c.exitDone {
-			a.mu.Unlock()
+		claim, ok := a.table.finishExit(it.id, now, a.started, v.Kind == classify.UnknownOOM)
+		if !ok {
 			return
 		}
-		x := *c.exit
-		c.exitDone, c.doneAt = true, now
-		c.oomHandled = len(c.ooms)
-		// An exit from before the agent started (the first relist replays them) is
-		// classified like any other: the runtime's reason, and the kernel's kill line,
-		// read from the oldest record of the ring buffer (Config.KernelCaughtUp), place
-		// it; its cgroup is gone. It is not counted as an OOM kill nobody could place:
-		// an earlier run of the agent may have counted it already.
-		replay := !x.FinishedAt.IsZero() && x.FinishedAt.Before(a.started)
-		countUnknown := v.Kind == classify.UnknownOOM && !c.unknownCounted && !replay
-		c.unknownCounted = c.unknownCounted || countUnknown
-		a.mu.Unlock()
-		a.metrics.Exit(string(v.Kind))
-		if countUnknown {
-			a.metrics.Unknown()
-		}
-		e := classify.Exit{Container: x.ContainerName, ContainerID: x.ContainerID, ExitCode: x.ExitCode, Reason: x.Reason,
-			StartedAt: x.StartedAt, FinishedAt: x.FinishedAt, RestartCount: int32(x.Attempt)}
-		at := nonZero(x.FinishedAt, x.ObservedAt)
-		for _, s := range classify.StampsForExit(pod, v, e, now, classify.ExitOptions{History: a.history}) {
-			r := stamper.Request{Pod: ref, Stamp: s, EventTime: at, ObservedTime: x.ObservedAt}
-			if s.Kind == classify.KindExitHistory {
-				r.History = &exithistory.Entry{Container: e.Container, ExitCode: e.ExitCode, Reason: e.Reason,
-					FinishedAt: e.FinishedAt, RestartCount: e.RestartCount, OOM: oomField(v.Kind)}
-			}
-			reqs = append(reqs, r)
-		}
-		logger.V(2).Info("Container exit classified", "exitCode", x.ExitCode, "reason", x.Reason, "verdict", verdictName(v.Kind),
-			"basis", v.Basis, "evidence", v.Evidence, "stamps", len(reqs), "source", x.Source)
-		if v.Kind == classify.NotOOM && x.ExitCode == 137 && facts.MemoryLimit > 0 && facts.PeakUsage*100 >= facts.MemoryLimit*99 {
-			// Killed at its limit, and yet no evidence of an OOM kill came: say so, since
-			// such an exit is stamped nothing and a pod failure policy that waits for
-			// coroner.dev/OOMKilled counts it as an ordinary failure.
-			logger.Info("Container was SIGKILLed with its memory at its limit, but no evidence of an OOM kill came (no runtime reason, no containerd OOM event, no kill counter, no kernel report); stamping nothing",
-				"limit", facts.MemoryLimit, "peak", facts.PeakUsage, "waited", a.cfg.KernelWait)
-		}
-		if v.Kind == classify.UnknownOOM {
-			if replay && conditions.Find(&pod.Status, conditions.OOMKilled) != nil {
-				// Stamped by an earlier run of the agent, which had the evidence.
-				logger.V(2).Info("Container was OOM-killed before the agent started; an earlier run stamped it", "evidence", v.Evidence)
-			} else {
-				logger.Info("Container was OOM-killed but nothing says whose limit it was; stamping nothing", "evidence", v.Evidence, "replay", replay)
-			}
-		}
+		reqs = a.exitClassified(logger, pod, ref, v, snap.facts, claim, now)
 	case itemOOM:
-		a.mu.Lock()
-		if c.exitDone || c.oomHandled >= len(c.ooms) {
+		claim, ok := a.table.finishOOM(it.id, v.Kind == classify.UnknownOOM)
+		if !ok {
 			// The exit was classified meanwhile, with these OOM events as evidence.
-			a.mu.Unlock()
 			return
 		}
-		first := c.ooms[c.oomHandled]
-		last := c.ooms[len(c.ooms)-1]
-		c.oomHandled = len(c.ooms)
-		countUnknown := v.Kind == classify.UnknownOOM && !c.unknownCounted && !c.replay
-		c.unknownCounted = c.unknownCounted || countUnknown
-		a.mu.Unlock()
-		if countUnknown {
-			a.metrics.Unknown()
-		}
-		if v.Kind == classify.LimitOOM {
-			e := classify.Exit{Container: ev.ContainerName, ContainerID: ev.ContainerID, StartedAt: ev.StartedAt,
-				FinishedAt: last, RestartCount: int32(ev.Attempt)}
-			// When the runtime watcher had the first OOM event is known only when it is
-			// the container's last event, read above (an event after it, the exit
-			// usually, replaces its time): else zero, and no stage latencies.
-			var observed time.Time
-			if ev.Kind == cri.OOM && ev.OOMAt.Equal(first) {
-				observed = ev.ObservedAt
-			}
-			for _, s := range classify.StampsForExit(pod, v, e, now, classify.ExitOptions{History: a.history}) {
-				if s.Kind == classify.KindLimitOOM {
-					reqs = append(reqs, stamper.Request{Pod: ref, Stamp: s, EventTime: first, ObservedTime: observed})
-				}
-			}
-		}
-		logger.V(2).Info("OOM kill classified", "verdict", verdictName(v.Kind), "basis", v.Basis, "evidence", v.Evidence, "stamps", len(reqs))
+		reqs = a.oomClassified(logger, pod, ref, v, ev, claim, now)
 	}
 	a.stamper.Add(reqs...)
 	if it.kind == itemExit {
@@ -187,36 +104,116 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 	}
 }
 
+// waitForEvidence reports whether a verdict may still change with evidence that can come
+// late: the kernel's report of an OOM kill (its reader may be a moment behind; only with
+// a kernel log), or any evidence of an OOM kill for a SIGKILLed exit.
+func waitForEvidence(v classify.Verdict, f classify.OOMFacts, kind itemKind, kernelLog bool) bool {
+	if v.Kind != classify.NotOOM && kernelLog && !kernelSeen(f) {
+		return true
+	}
+	// A SIGKILL with no evidence of an OOM kill yet may still be one whose evidence
+	// trails the exit: containerd's TaskOOM event comes on a stream of its own, and the
+	// runtime can report the exit before its OOM notice (bench-beside on kind: 1 limit OOM
+	// of 400 classified NotOOM at its exit, never stamped).
+	return v.Kind == classify.NotOOM && kind == itemExit && f.ExitCode == 137
+}
+
+// exitClassified counts a claimed exit's verdict, logs it and returns its stamps: the
+// verdict's and the exit history's.
+func (a *Agent) exitClassified(logger klog.Logger, pod *corev1.Pod, ref stamper.PodRef, v classify.Verdict,
+	facts classify.OOMFacts, claim exitClaim, now time.Time) []stamper.Request {
+	a.metrics.Exit(string(v.Kind))
+	if claim.countUnknown {
+		a.metrics.Unknown()
+	}
+	// An exit from before the agent started (the first relist replays them) is
+	// classified like any other: the runtime's reason, and the kernel's kill line, read
+	// from the oldest record of the ring buffer (Config.KernelCaughtUp), place it; its
+	// cgroup is gone. It is not counted as an OOM kill nobody could place (finishExit):
+	// an earlier run of the agent may have counted it already.
+	x := claim.exit
+	e := classify.Exit{Container: x.ContainerName, ContainerID: x.ContainerID, ExitCode: x.ExitCode, Reason: x.Reason,
+		StartedAt: x.StartedAt, FinishedAt: x.FinishedAt, RestartCount: int32(x.Attempt)}
+	at := nonZero(x.FinishedAt, x.ObservedAt)
+	var reqs []stamper.Request
+	for _, s := range classify.StampsForExit(pod, v, e, now, classify.ExitOptions{History: a.history}) {
+		r := stamper.Request{Pod: ref, Stamp: s, EventTime: at, ObservedTime: x.ObservedAt}
+		if s.Kind == classify.KindExitHistory {
+			r.History = &exithistory.Entry{Container: e.Container, ExitCode: e.ExitCode, Reason: e.Reason,
+				FinishedAt: e.FinishedAt, RestartCount: e.RestartCount, OOM: oomField(v.Kind)}
+		}
+		reqs = append(reqs, r)
+	}
+	logger.V(2).Info("Container exit classified", "exitCode", x.ExitCode, "reason", x.Reason, "verdict", verdictName(v.Kind),
+		"basis", v.Basis, "evidence", v.Evidence, "stamps", len(reqs), "source", x.Source)
+	if v.Kind == classify.NotOOM && x.ExitCode == 137 && facts.MemoryLimit > 0 && facts.PeakUsage*100 >= facts.MemoryLimit*99 {
+		// Killed at its limit, and yet no evidence of an OOM kill came: say so, since
+		// such an exit is stamped nothing and a pod failure policy that waits for
+		// coroner.dev/OOMKilled counts it as an ordinary failure.
+		logger.Info("Container was SIGKILLed with its memory at its limit, but no evidence of an OOM kill came (no runtime reason, no containerd OOM event, no kill counter, no kernel report); stamping nothing",
+			"limit", facts.MemoryLimit, "peak", facts.PeakUsage, "waited", a.cfg.KernelWait)
+	}
+	if v.Kind == classify.UnknownOOM {
+		if claim.replay && conditions.Find(&pod.Status, conditions.OOMKilled) != nil {
+			// Stamped by an earlier run of the agent, which had the evidence.
+			logger.V(2).Info("Container was OOM-killed before the agent started; an earlier run stamped it", "evidence", v.Evidence)
+		} else {
+			logger.Info("Container was OOM-killed but nothing says whose limit it was; stamping nothing", "evidence", v.Evidence, "replay", claim.replay)
+		}
+	}
+	return reqs
+}
+
+// oomClassified counts the verdict of claimed OOM events of a container that may still
+// run, logs it and returns its stamp: coroner.dev/OOMKilled of a limit OOM, else none.
+// ev is the container's last event when the item was taken.
+func (a *Agent) oomClassified(logger klog.Logger, pod *corev1.Pod, ref stamper.PodRef, v classify.Verdict,
+	ev cri.ContainerEvent, claim oomClaim, now time.Time) []stamper.Request {
+	if claim.countUnknown {
+		a.metrics.Unknown()
+	}
+	var reqs []stamper.Request
+	if v.Kind == classify.LimitOOM {
+		e := classify.Exit{Container: ev.ContainerName, ContainerID: ev.ContainerID, StartedAt: ev.StartedAt,
+			FinishedAt: claim.last, RestartCount: int32(ev.Attempt)}
+		// When the runtime watcher had the first OOM event is known only when it is
+		// the container's last event, read when the item was taken (an event after it,
+		// the exit usually, replaces its time): else zero, and no stage latencies.
+		var observed time.Time
+		if ev.Kind == cri.OOM && ev.OOMAt.Equal(claim.first) {
+			observed = ev.ObservedAt
+		}
+		for _, s := range classify.StampsForExit(pod, v, e, now, classify.ExitOptions{History: a.history}) {
+			if s.Kind == classify.KindLimitOOM {
+				reqs = append(reqs, stamper.Request{Pod: ref, Stamp: s, EventTime: claim.first, ObservedTime: observed})
+			}
+		}
+	}
+	logger.V(2).Info("OOM kill classified", "verdict", verdictName(v.Kind), "basis", v.Basis, "evidence", v.Evidence, "stamps", len(reqs))
+	return reqs
+}
+
 // podFor returns the container's pod from the cache. When it is not there, it decides
 // between a pod not in the cache yet (retry shortly), a pod deleted or bound to another
 // node (drop, counted), and a pod the cache is far behind on (retry, up to PodWaitMax).
-// It returns nil when the item was re-queued or dropped.
-func (a *Agent) podFor(ctx context.Context, logger klog.Logger, c *container, it item) *corev1.Pod {
-	uid := types.UID(c.ev.PodUID)
+// It returns nil when the item was re-queued or dropped. ev is the container's last
+// event.
+func (a *Agent) podFor(ctx context.Context, logger klog.Logger, ev cri.ContainerEvent, it item) *corev1.Pod {
+	uid := types.UID(ev.PodUID)
 	if pod := a.podByUID(uid); pod != nil {
 		return pod
 	}
 	now := a.clock.Now()
-	a.mu.Lock()
-	if g, ok := a.gone[uid]; ok {
-		a.dropLocked(logger, c, it, g.reason, now)
-		a.mu.Unlock()
+	if reason, gone := a.goneReason(uid); gone {
+		a.drop(logger, it, reason, now)
 		return nil
 	}
-	first, ok := c.podWait[it.kind]
-	if !ok {
-		first = now
-		c.podWait[it.kind] = now
-	}
-	checked := c.podChecked
-	a.mu.Unlock()
+	first, checked := a.table.awaitPod(it.id, it.kind, now)
 
 	waited := now.Sub(first)
 	switch {
 	case waited > a.cfg.PodWaitMax:
-		a.mu.Lock()
-		a.dropLocked(logger, c, it, metrics.DroppedNotInCache, now)
-		a.mu.Unlock()
+		a.drop(logger, it, metrics.DroppedNotInCache, now)
 		return nil
 	case waited < a.cfg.PodCacheWait:
 		// Not in the cache yet: the pod's watch event is usually a moment away.
@@ -226,23 +223,32 @@ func (a *Agent) podFor(ctx context.Context, logger klog.Logger, c *container, it
 		a.queue.AddAfter(it, time.Second)
 		return nil
 	}
-	reason, err := a.checkPod(ctx, c.ev)
+	reason, err := a.checkPod(ctx, ev)
 	if err != nil {
 		logger.Error(err, "Cannot tell whether the container's pod exists; retrying")
 		a.queue.AddAfter(it, time.Second)
 		return nil
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	if reason != "" {
+		a.mu.Lock()
 		a.gone[uid] = goneRecord{reason: reason, at: now}
-		a.dropLocked(logger, c, it, reason, now)
+		a.mu.Unlock()
+		a.drop(logger, it, reason, now)
 		return nil
 	}
-	c.podChecked = true
+	a.table.podConfirmed(it.id)
 	logger.V(2).Info("The pod exists on this node but is not in the cache yet; waiting", "waited", waited)
 	a.queue.AddAfter(it, time.Second)
 	return nil
+}
+
+// goneReason returns why the events of a pod known not to be this node's to write are
+// dropped.
+func (a *Agent) goneReason(uid types.UID) (string, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	g, ok := a.gone[uid]
+	return g.reason, ok
 }
 
 // checkPod asks the API server about a container's pod: "" when it exists on this node,
@@ -266,54 +272,12 @@ func (a *Agent) checkPod(ctx context.Context, ev cri.ContainerEvent) (string, er
 	return "", nil
 }
 
-// dropLocked gives up on an item, counted by reason. a.mu is held.
-func (a *Agent) dropLocked(logger klog.Logger, c *container, it item, reason string, now time.Time) {
+// drop gives up on an item, counted by reason; the runtime's states of a pod that is
+// gone or not this node's are forgotten.
+func (a *Agent) drop(logger klog.Logger, it item, reason string, now time.Time) {
+	a.table.drop(it.id, it.kind, now, reason != metrics.DroppedNotInCache)
 	a.metrics.Dropped(reason)
-	switch it.kind {
-	case itemExit:
-		c.exitDone, c.doneAt = true, now
-	case itemOOM:
-		c.oomHandled = len(c.ooms)
-	}
-	if c.exitDone && c.doneAt.IsZero() {
-		c.doneAt = now
-	}
-	if reason != metrics.DroppedNotInCache {
-		delete(a.observed, types.UID(c.ev.PodUID))
-	}
 	logger.V(2).Info("Leaving the container's event alone", "event", it.kind.String(), "reason", reason)
-}
-
-// factsLocked gathers what the node knows about a container for ClassifyOOM. a.mu is
-// held.
-func (a *Agent) factsLocked(c *container, kind itemKind) classify.OOMFacts {
-	ev := c.ev
-	f := classify.OOMFacts{
-		Container: ev.ContainerName, ContainerID: ev.ContainerID, PodUID: ev.PodUID,
-		StartedAt: ev.StartedAt, PIDs: classify.TrustedPIDs(a.pids, c.runtimePID, c.pids), TaskOOM: len(c.ooms) > 0,
-		PodCgroup: c.podCgroup, ContainerCgroup: c.cgroup, MemoryLimit: ev.MemoryLimit,
-		KernelPrefix: a.pids.HostPrefix, PrefixKnown: a.pids.PrefixKnown,
-		Kernel: a.kernel.all(),
-	}
-	if kind == itemExit && c.exit != nil {
-		f.ExitCode, f.Reason, f.FinishedAt = c.exit.ExitCode, c.exit.Reason, c.exit.FinishedAt
-	}
-	if c.last != nil {
-		// A container's cgroup is its own (its path holds its ID): its counters since
-		// creation are those of its life.
-		d := cgroup.Sub(cgroup.Memory{}, *c.last)
-		f.Counters = &d
-		f.PeakUsage = c.last.Peak
-		if f.MemoryLimit == 0 {
-			f.MemoryLimit = c.last.Limit
-		}
-	}
-	if c.podLast != nil && c.podAtStart != nil {
-		d := cgroup.Sub(*c.podAtStart, *c.podLast)
-		f.PodCounters = &d
-	}
-	f.Pod = c.podLast
-	return f
 }
 
 // kernelSeen reports whether a kernel OOM kill of the container has been read: one
@@ -331,10 +295,11 @@ func (a *Agent) syncPod(uid types.UID) {
 	now := a.clock.Now()
 	// The runtime's states are kept by the UID the runtime knows the pod by (a static
 	// pod's config hash, when uid is its mirror pod's).
-	observed := a.observedStates(runtimeUID(pod))
+	uids := []types.UID{runtimeUID(pod)}
 	if runtimeUID(pod) != pod.UID {
-		observed = append(observed, a.observedStates(pod.UID)...)
+		uids = append(uids, pod.UID)
 	}
+	observed := a.table.observedStates(uids...)
 	d := classify.StampsForPod(pod, observed, now, a.cfg.PhaseGrace)
 	if !d.RecheckAt.IsZero() {
 		a.queue.AddAfter(item{kind: itemPod, id: string(uid)}, max(d.RecheckAt.Sub(now), 0))
@@ -345,6 +310,9 @@ func (a *Agent) syncPod(uid types.UID) {
 		return
 	}
 	ref := stamper.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
+	a.mu.Lock()
+	reasonSeen := a.reasonSeen[uid]
+	a.mu.Unlock()
 	var reqs []stamper.Request
 	for _, s := range d.Stamps {
 		r := stamper.Request{Pod: ref, Stamp: s}
@@ -353,9 +321,7 @@ func (a *Agent) syncPod(uid types.UID) {
 			// grace is part of it.
 			r.EventTime = stoppedAt(pod, observed)
 		} else {
-			a.mu.Lock()
-			r.EventTime = nonZero(a.reasonSeen[uid], now)
-			a.mu.Unlock()
+			r.EventTime = nonZero(reasonSeen, now)
 		}
 		reqs = append(reqs, r)
 	}

@@ -27,9 +27,9 @@ func TestReplayedExitWaitsForTheKernelBacklog(t *testing.T) {
 	ev.Source = cri.SourceRelist
 	e.src.Send(ev)
 	e.until("the exit seen", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		return e.a.containers[id] != nil && e.a.containers[id].exit != nil
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		return e.a.table.containers[id] != nil && e.a.table.containers[id].exit != nil
 	})
 	for range 5 {
 		e.clk.Step(50 * time.Millisecond)
@@ -98,9 +98,9 @@ func TestOOMCountedBeforeTheStart(t *testing.T) {
 	e2.writeCgroup(cg, 1, 30, 20<<20, 20<<20, 4242)
 	e2.src.Send(event(cri.Started, stamped, "main", id))
 	e2.stepUntil("the OOM classified", 20*time.Millisecond, func() bool {
-		e2.a.mu.Lock()
-		defer e2.a.mu.Unlock()
-		c := e2.a.containers[id]
+		e2.a.table.mu.Lock()
+		defer e2.a.table.mu.Unlock()
+		c := e2.a.table.containers[id]
 		return c != nil && len(c.ooms) == 1 && c.oomHandled == 1
 	})
 	for range 10 {
@@ -123,14 +123,14 @@ func TestFreshContainerIsNotAnOOM(t *testing.T) {
 	e.writeCgroup(podCgroup(uid)+"/"+id, 0, 0, 20<<20, 1<<20, 4242)
 	e.src.Send(event(cri.Started, p, "main", id))
 	e.until("the start reading", func() bool {
-		e.a.mu.Lock()
-		defer e.a.mu.Unlock()
-		c := e.a.containers[id]
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		c := e.a.table.containers[id]
 		return c != nil && c.podAtStart != nil
 	})
-	e.a.mu.Lock()
-	n := len(e.a.containers[id].ooms)
-	e.a.mu.Unlock()
+	e.a.table.mu.Lock()
+	n := len(e.a.table.containers[id].ooms)
+	e.a.table.mu.Unlock()
 	if n != 0 {
 		t.Errorf("%d OOM events for a fresh container", n)
 	}

@@ -72,30 +72,17 @@ const (
 	goneTTL      = 10 * time.Minute
 )
 
+// gc forgets what is kept about containers that are gone (containerTable.gc) and old
+// tombstones.
 func (a *Agent) gc(now time.Time) {
+	a.table.gc(now, func(uid types.UID) bool { return a.podByUID(uid) != nil })
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for id, c := range a.containers {
-		if !c.doneAt.IsZero() && now.Sub(c.doneAt) > containerTTL {
-			delete(a.containers, id)
-		}
-	}
-	// Runtime states of pods neither cached nor with containers still remembered.
-	live := map[types.UID]bool{}
-	for _, c := range a.containers {
-		live[types.UID(c.ev.PodUID)] = true
-	}
-	for uid := range a.observed {
-		if !live[uid] && a.podByUID(uid) == nil {
-			delete(a.observed, uid)
-		}
-	}
 	for uid, g := range a.gone {
 		if now.Sub(g.at) > goneTTL {
 			delete(a.gone, uid)
 		}
 	}
-	a.kernel.trim(now)
 }
 
 // runtimeScheme is the scheme of the runtime's container IDs as the kubelet writes them
