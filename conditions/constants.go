@@ -173,6 +173,9 @@ const (
 	// ManagedBy is the shim's spec.managedBy value and the default of its
 	// --managed-by flag (S1).
 	ManagedBy = Prefix + "shim"
+	// ShimComponent is coroner-shim's name as the source of its Events and the field
+	// manager of its pod status writes.
+	ShimComponent = "coroner-shim"
 	// BuiltInJobControllerName is the managedBy value reserved for the
 	// built-in Job controller, which is never the shim's.
 	BuiltInJobControllerName = batchv1.JobControllerName

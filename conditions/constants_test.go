@@ -36,6 +36,7 @@ func TestVocabulary(t *testing.T) {
 		{"ControllerUIDLabel", ControllerUIDLabel, "batch.kubernetes.io/controller-uid"},
 		{"JobNameLabel", JobNameLabel, "batch.kubernetes.io/job-name"},
 		{"ManagedBy", ManagedBy, "coroner.dev/shim"},
+		{"ShimComponent", ShimComponent, "coroner-shim"},
 		{"BuiltInJobControllerName", BuiltInJobControllerName, "kubernetes.io/job-controller"},
 
 		{"JobReasonPodFailurePolicy", JobReasonPodFailurePolicy, "PodFailurePolicy"},

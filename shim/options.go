@@ -16,6 +16,7 @@ import (
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/controller"
+	"github.com/coroner-dev/coroner/shim/recoverer"
 )
 
 // Options are the settings of coroner-shim, filled from flags.
@@ -85,7 +86,7 @@ func NewOptions() *Options {
 		FenceMargin:     15 * time.Second,
 
 		StaleDisruptionAfter: 2 * time.Minute,
-		RecoverPods:          string(controller.RecoverAll),
+		RecoverPods:          string(recoverer.RecoverAll),
 		JobRecords:           true,
 		JobRecordMaxPods:     controller.DefaultRecordMaxPods,
 	}
@@ -161,8 +162,8 @@ func (o *Options) Validate() error {
 	if o.AgentNamespace == "" {
 		errs = append(errs, errors.New("--agent-namespace must not be empty"))
 	}
-	if r := controller.RecoverScope(o.RecoverPods); r != controller.RecoverAll && r != controller.RecoverManaged {
-		errs = append(errs, fmt.Errorf("--recover-pods=%q: want %q or %q", o.RecoverPods, controller.RecoverAll, controller.RecoverManaged))
+	if r := recoverer.RecoverScope(o.RecoverPods); r != recoverer.RecoverAll && r != recoverer.RecoverManaged {
+		errs = append(errs, fmt.Errorf("--recover-pods=%q: want %q or %q", o.RecoverPods, recoverer.RecoverAll, recoverer.RecoverManaged))
 	}
 	if o.OOMVerdictWait < 0 {
 		errs = append(errs, fmt.Errorf("--oom-verdict-wait=%v: must not be negative", o.OOMVerdictWait))

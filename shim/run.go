@@ -26,8 +26,10 @@ import (
 
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/controller"
+	"github.com/coroner-dev/coroner/shim/informers"
 	"github.com/coroner-dev/coroner/shim/metrics"
 	"github.com/coroner-dev/coroner/shim/record"
+	"github.com/coroner-dev/coroner/shim/recoverer"
 	"github.com/coroner-dev/coroner/shim/recovery"
 )
 
@@ -38,20 +40,21 @@ const ServerCheckTimeout = 15 * time.Second
 // lease duration before /healthz reports it unhealthy.
 const leaderHealthTimeout = 20 * time.Second
 
-// Run runs coroner-shim until ctx is done: the Job controller (under leader election on
-// a Lease when opts.LeaderElect), /metrics on opts.MetricsAddress, and /healthz and
-// /readyz on opts.HealthAddress (either "0" for off). opts must be valid (Validate).
+// Run runs coroner-shim until ctx is done: the Job controller and node-failure recovery
+// on their shared informers (Controllers; both under leader election on a Lease when
+// opts.LeaderElect), /metrics on opts.MetricsAddress, and /healthz and /readyz on
+// opts.HealthAddress (either "0" for off). opts must be valid (Validate).
 //
 // It fails at once, with an error that says so, when the API server cannot be reached
 // at start or a listen address cannot be bound. When ctx is done it stops the
-// controller, waits up to opts.ShutdownGrace for the syncs in flight to finish, then
+// controllers, waits up to opts.ShutdownGrace for the syncs in flight to finish, then
 // releases the Lease (if it holds it) and closes the HTTP servers, and returns nil.
 // Losing the Lease while leading is an error: the process should exit and start over, as
 // every Kubernetes controller does, since its caches and expectations belong to the term
 // that ended.
 //
 // /healthz answers 200 while the process runs (and, when leading, while the Lease is
-// renewed). /readyz answers 200 once the controller's caches have synced, and also while
+// renewed). /readyz answers 200 once the controllers' caches have synced, and also while
 // this replica is standing by without the Lease: a standby has nothing to be ready for,
 // and a Deployment of two replicas must be able to roll out with one of them waiting.
 // The standby starts its informers only when it becomes the leader.
@@ -84,20 +87,26 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
-	ctrl := controller.New(client, controller.Config{
-		ManagedBy:      opts.ManagedBy,
-		Backoff:        backoff.Policy{Base: opts.PodBackoffBase, Max: opts.PodBackoffMax},
-		Workers:        opts.Workers,
-		Metrics:        m,
-		OOMVerdictWait: opts.OOMVerdictWait,
-		Recovery: recovery.Config{
-			Threshold:   opts.ZombieThreshold,
-			FenceMargin: opts.FenceMargin,
-			StaleAfter:  opts.StaleDisruptionAfter,
+	// Built outside the leader election, but started only by the leader (Controllers.Run):
+	// a standby starts no informer.
+	ctrl := NewControllers(ctx, client, Config{
+		Jobs: controller.Config{
+			ManagedBy:      opts.ManagedBy,
+			Backoff:        backoff.Policy{Base: opts.PodBackoffBase, Max: opts.PodBackoffMax},
+			Workers:        opts.Workers,
+			Metrics:        m,
+			OOMVerdictWait: opts.OOMVerdictWait,
+			Records:        records,
 		},
-		AgentNamespace: opts.AgentNamespace,
-		RecoverPods:    controller.RecoverScope(opts.RecoverPods),
-		Records:        records,
+		Recovery: recoverer.Config{
+			Recovery: recovery.Config{
+				Threshold:   opts.ZombieThreshold,
+				FenceMargin: opts.FenceMargin,
+				StaleAfter:  opts.StaleDisruptionAfter,
+			},
+			RecoverPods: recoverer.RecoverScope(opts.RecoverPods),
+		},
+		Informers: informers.Config{AgentNamespace: opts.AgentNamespace},
 	})
 
 	var leading, standingBy atomic.Bool
@@ -226,7 +235,7 @@ func serve(ctx context.Context, name, addr string, mux http.Handler) (*http.Serv
 }
 
 // runController runs ctrl until ctx is done, then waits up to grace for it to stop.
-func runController(ctx context.Context, ctrl *controller.Controller, grace time.Duration) error {
+func runController(ctx context.Context, ctrl *Controllers, grace time.Duration) error {
 	done := make(chan error, 1)
 	go func() { done <- ctrl.Run(ctx) }()
 	select {
@@ -261,7 +270,7 @@ func waitStopped(ctx context.Context, done <-chan error, grace time.Duration) er
 }
 
 // runLeaderElected runs ctrl while this process holds the Lease.
-func runLeaderElected(ctx context.Context, cfg *rest.Config, opts *Options, ctrl *controller.Controller,
+func runLeaderElected(ctx context.Context, cfg *rest.Config, opts *Options, ctrl *Controllers,
 	m *metrics.Metrics, watchdog *leaderelection.HealthzAdaptor, leading *atomic.Bool) error {
 	logger := klog.FromContext(ctx)
 	hostname, err := os.Hostname()

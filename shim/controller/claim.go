@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/informers"
 	"github.com/coroner-dev/coroner/shim/jobsync"
 )
 
@@ -40,9 +41,9 @@ import (
 // that also carry its controller-uid label; that is a choice: such a selector can match
 // pods of any shape, and the shim does not cache every pod of the cluster in whole to find
 // them. A pod whose labels were changed so that it lost controller-uid leaves that informer;
-// the informer of the other pods (recovery.go) keeps, for a pod whose controller is a
-// batch/v1 Job, its labels, owner references and finalizers, so the Job still finds it
-// there and releases it.
+// the informer of the other pods (informers.StripForRecovery) keeps, for a pod whose
+// controller is a batch/v1 Job, its labels, owner references and finalizers, so the Job
+// still finds it there and releases it.
 //
 // The decision (planClaims) is a pure function of the Job and the candidate pods; claimPods
 // carries it out.
@@ -103,24 +104,22 @@ func jobSelector(job *batchv1.Job) labels.Selector {
 // one that could not be released stays out as well, as it no longer matches. Errors are
 // returned with the pods, so that the sync goes on with what it has and is retried.
 func (c *Controller) claimPods(ctx context.Context, job *batchv1.Job) ([]*corev1.Pod, error) {
-	owned, err := c.podsByIndex(job.Namespace, controllerUIDIndex, string(job.UID))
+	owned, err := c.podsByIndex(job.Namespace, informers.ControllerUIDIndex, string(job.UID))
 	if err != nil {
 		return nil, err
 	}
-	orphans, err := c.podsByIndex(job.Namespace, orphanUIDIndex, string(job.UID))
+	orphans, err := c.podsByIndex(job.Namespace, informers.OrphanUIDIndex, string(job.UID))
 	if err != nil {
 		return nil, err
 	}
-	if c.otherPodIndexer != nil {
-		// Pods of the Job that lost their controller-uid label (see above).
-		objs, err := c.otherPodIndexer.ByIndex(controllerUIDIndex, string(job.UID))
-		if err != nil {
-			return nil, err
-		}
-		for _, o := range objs {
-			if pod, ok := o.(*corev1.Pod); ok && pod.Namespace == job.Namespace {
-				owned = append(owned, pod)
-			}
+	// Pods of the Job that lost their controller-uid label (see above).
+	objs, err := c.otherPodIndexer.ByIndex(informers.ControllerUIDIndex, string(job.UID))
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range objs {
+		if pod, ok := o.(*corev1.Pod); ok && pod.Namespace == job.Namespace {
+			owned = append(owned, pod)
 		}
 	}
 	plan := planClaims(job, jobSelector(job), owned, orphans)
@@ -240,21 +239,6 @@ func (c *Controller) podsByIndex(ns, index, key string) ([]*corev1.Pod, error) {
 		}
 	}
 	return pods, nil
-}
-
-// orphanUIDIndex indexes the pods that have no controller reference by the value of their
-// batch.kubernetes.io/controller-uid label: the orphans a Job's generated selector matches.
-const orphanUIDIndex = "coroner.dev/orphan-controller-uid"
-
-func indexOrphanByUIDLabel(obj any) ([]string, error) {
-	pod, ok := obj.(*corev1.Pod)
-	if !ok || metav1.GetControllerOf(pod) != nil {
-		return nil, nil
-	}
-	if uid := pod.Labels[batchv1.ControllerUidLabel]; uid != "" {
-		return []string{uid}, nil
-	}
-	return nil, nil
 }
 
 // enqueueAdopters enqueues the managed Jobs of the pod's namespace whose selector matches

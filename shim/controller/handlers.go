@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"reflect"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -9,6 +10,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/coroner-dev/coroner/shim/informers"
 	"github.com/coroner-dev/coroner/shim/metrics"
 	"github.com/coroner-dev/coroner/shim/policy"
 )
@@ -25,6 +27,43 @@ import (
 // Config.ManagedBy are enqueued. Pods whose Job is gone go to the orphan queue; a pod with
 // no controller at all also enqueues the managed Jobs whose selector matches it, which may
 // adopt it (claim.go).
+
+// addHandlers registers the event handlers on the informers.
+func (c *Controller) addHandlers() {
+	if _, err := c.inf.Jobs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.addJob,
+		UpdateFunc: c.updateJob,
+		DeleteFunc: c.deleteJob,
+	}); err != nil {
+		panic(fmt.Sprintf("adding the Job event handler: %v", err))
+	}
+	if _, err := c.inf.Pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.addPod,
+		UpdateFunc: c.updatePod,
+		DeleteFunc: c.deletePod,
+	}); err != nil {
+		panic(fmt.Sprintf("adding the Pod event handler: %v", err))
+	}
+	if _, err := c.inf.OtherPods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.otherPodChanged,
+		UpdateFunc: func(_, cur any) { c.otherPodChanged(cur) },
+	}); err != nil {
+		panic(fmt.Sprintf("adding the other pods' event handler: %v", err))
+	}
+}
+
+// otherPodChanged handles a pod of the other pods' informer (a stub, see
+// informers.StripForRecovery): one that is controlled by a Job although it lacks the
+// controller-uid label enqueues its Job, which releases it (claim.go).
+func (c *Controller) otherPodChanged(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok || informers.JobControllerRef(pod) == nil {
+		return
+	}
+	if job, _ := c.jobOf(pod); job != nil {
+		c.enqueueBatched(keyOf(job))
+	}
+}
 
 func (c *Controller) addJob(obj any) {
 	job, ok := obj.(*batchv1.Job)
@@ -89,7 +128,7 @@ func (c *Controller) deleteJob(obj any) {
 	c.mu.Unlock()
 	c.queue.Add(key)
 	// Its pods that still carry the tracking finalizer would never go away.
-	objs, _ := c.podIndexer.ByIndex(controllerUIDIndex, string(job.UID))
+	objs, _ := c.podIndexer.ByIndex(informers.ControllerUIDIndex, string(job.UID))
 	for _, o := range objs {
 		if pod, ok := o.(*corev1.Pod); ok && hasTrackingFinalizer(pod) {
 			c.enqueueOrphan(pod)
@@ -101,8 +140,8 @@ func (c *Controller) deleteJob(obj any) {
 // gauge.
 func (c *Controller) trackManaged(job *batchv1.Job, deleted bool) {
 	key := keyOf(job)
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.trackMu.Lock()
+	defer c.trackMu.Unlock()
 	before := len(c.managed)
 	if !deleted && c.ours(job) && !jobFinished(job) {
 		c.managed[key] = struct{}{}
@@ -120,7 +159,6 @@ func (c *Controller) addPod(obj any) {
 		return
 	}
 	c.trackFinishedWithFinalizer(pod, false)
-	c.enqueueRecovery(pod)
 	if pod.DeletionTimestamp != nil {
 		// A pod seen for the first time already being deleted (after a restart, or a
 		// relist) is no creation to observe.
@@ -153,7 +191,6 @@ func (c *Controller) updatePod(old, cur any) {
 	if curPod.ResourceVersion == oldPod.ResourceVersion {
 		return // a resync; nothing changed
 	}
-	c.enqueueRecovery(curPod)
 	if curPod.DeletionTimestamp != nil {
 		// Being deleted: the Job may replace it now rather than when it is gone.
 		c.podDeleted(curPod, false)
@@ -245,15 +282,14 @@ func (c *Controller) podDeleted(pod *corev1.Pod, final bool) {
 // asks the API server before it acts). A pod controlled by anything else, or by a Job
 // managed by someone else, gives (nil, false).
 func (c *Controller) jobOf(pod *corev1.Pod) (job *batchv1.Job, orphan bool) {
-	ref := metav1.GetControllerOf(pod)
-	if ref == nil {
+	if metav1.GetControllerOf(pod) == nil {
 		return nil, true
 	}
-	if jobControllerRef(pod) == nil {
+	if informers.JobControllerRef(pod) == nil {
 		return nil, false
 	}
-	job, err := c.jobLister.Jobs(pod.Namespace).Get(ref.Name)
-	if err != nil || job.UID != ref.UID {
+	job = c.inf.CachedJobOf(pod)
+	if job == nil {
 		return nil, true
 	}
 	if !c.ours(job) {
@@ -269,22 +305,22 @@ func (c *Controller) jobOf(pod *corev1.Pod) (job *batchv1.Job, orphan bool) {
 func (c *Controller) trackFinishedWithFinalizer(pod *corev1.Pod, gone bool) {
 	is := !gone && hasTrackingFinalizer(pod) &&
 		(pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed)
-	c.mu.Lock()
+	c.trackMu.Lock()
 	_, was := c.finishedWithFinalizer[pod.UID]
-	c.mu.Unlock()
+	c.trackMu.Unlock()
 	switch {
 	case is && !was:
 		if job, _ := c.jobOf(pod); job == nil {
 			return
 		}
-		c.mu.Lock()
+		c.trackMu.Lock()
 		c.finishedWithFinalizer[pod.UID] = struct{}{}
-		c.mu.Unlock()
+		c.trackMu.Unlock()
 		c.metrics.TerminatedPodsTrackingFinalizer.WithLabelValues(metrics.EventAdd).Inc()
 	case !is && was:
-		c.mu.Lock()
+		c.trackMu.Lock()
 		delete(c.finishedWithFinalizer, pod.UID)
-		c.mu.Unlock()
+		c.trackMu.Unlock()
 		c.metrics.TerminatedPodsTrackingFinalizer.WithLabelValues(metrics.EventDelete).Inc()
 	}
 }

@@ -388,20 +388,3 @@ func TestFailureDecisionSyncsAtOnce(t *testing.T) {
 		}
 	})
 }
-
-// TestInformersDropManagedFields checks the transform of the Job and pod caches.
-func TestInformersDropManagedFields(t *testing.T) {
-	p := newPod("p1", newJob("ours"), corev1.PodRunning)
-	p.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate}}
-	out, err := stripManagedFields(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := out.(*corev1.Pod); got.ManagedFields != nil || got.Name != "p1" || len(got.Finalizers) != 1 {
-		t.Errorf("stripManagedFields = %+v, want the pod without managedFields only", got.ObjectMeta)
-	}
-	tomb := cache.DeletedFinalStateUnknown{Key: "ns/p1", Obj: p}
-	if out, err := stripManagedFields(tomb); err != nil || out != any(tomb) {
-		t.Errorf("stripManagedFields(tombstone) = %v, %v; want it unchanged", out, err)
-	}
-}

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/informers"
 	"github.com/coroner-dev/coroner/shim/metrics"
 )
 
@@ -88,7 +90,7 @@ func newFixture(t *testing.T, objs ...runtime.Object) *fixture {
 		clock:    clocktesting.NewFakeClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)),
 		registry: prometheus.NewRegistry(),
 	}
-	f.c = New(f.client, Config{
+	f.c = New(context.Background(), f.client, informers.New(f.client, informers.Config{}), Config{
 		BatchPeriod: batchPeriod,
 		Clock:       f.clock,
 		Recorder:    f.recorder,
@@ -106,9 +108,9 @@ func (f *fixture) inCache(t *testing.T, objs ...runtime.Object) {
 		var err error
 		switch o := o.(type) {
 		case *batchv1.Job:
-			err = f.c.jobInformer.GetIndexer().Add(o)
+			err = f.c.inf.Jobs.GetIndexer().Add(o)
 		case *corev1.Pod:
-			err = f.c.podInformer.GetIndexer().Add(o)
+			err = f.c.inf.Pods.GetIndexer().Add(o)
 		default:
 			t.Fatalf("inCache: unexpected %T", o)
 		}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/informers"
 )
 
 // Orphan pods.
@@ -37,7 +38,7 @@ import (
 // no controller or its controlling Job is gone.
 func (c *Controller) syncOrphanPod(ctx context.Context, key string) error {
 	logger := klog.FromContext(ctx)
-	pod, err := c.cachedPod(key)
+	pod, err := informers.PodByKey(c.podLister, key)
 	if pod == nil || err != nil {
 		return err
 	}
@@ -46,7 +47,7 @@ func (c *Controller) syncOrphanPod(ctx context.Context, key string) error {
 		return nil
 	}
 	if ref := metav1.GetControllerOf(pod); ref != nil {
-		if jobControllerRef(pod) == nil {
+		if informers.JobControllerRef(pod) == nil {
 			return nil // controlled by something other than a Job
 		}
 		gone, err := c.jobGone(ctx, ns, ref.Name, ref.UID)
@@ -92,9 +93,9 @@ func (c *Controller) jobGone(ctx context.Context, ns, name string, uid types.UID
 	if job, err := c.jobLister.Jobs(ns).Get(name); err == nil && job.UID == uid {
 		return false, nil
 	}
-	c.mu.Lock()
+	c.deletedMu.Lock()
 	_, seen := c.deletedJobs[uid]
-	c.mu.Unlock()
+	c.deletedMu.Unlock()
 	if seen {
 		return true, nil
 	}
@@ -115,8 +116,8 @@ const deletedJobsKept = 10 * time.Minute
 // jobDeleted remembers that the Job with uid is gone.
 func (c *Controller) jobDeleted(uid types.UID) {
 	now := c.clock.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.deletedMu.Lock()
+	defer c.deletedMu.Unlock()
 	if len(c.deletedJobs) >= 1024 {
 		for u, at := range c.deletedJobs {
 			if now.Sub(at) > deletedJobsKept {
@@ -129,18 +130,4 @@ func (c *Controller) jobDeleted(uid types.UID) {
 
 func (c *Controller) enqueueOrphan(pod *corev1.Pod) {
 	c.orphanQueue.Add(cache.MetaObjectToName(pod).String())
-}
-
-// cachedPod returns the pod of a queue key from the cache; nil without error when the key
-// is malformed or the pod is gone.
-func (c *Controller) cachedPod(key string) (*corev1.Pod, error) {
-	ns, name, err := cache.SplitMetaNamespaceKey(key)
-	if err != nil {
-		return nil, nil
-	}
-	pod, err := c.podLister.Pods(ns).Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil, nil
-	}
-	return pod, err
 }

@@ -28,6 +28,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/test/bench/measure"
 	"github.com/coroner-dev/coroner/test/harness"
@@ -58,7 +60,8 @@ const (
 	coronerInProcess = "in-process"
 )
 
-// startCoroner runs coroner's controller, controller.New(client, Config{Workers}).Run with
+// startCoroner runs coroner's controllers, shim.NewControllers(ctx, client,
+// shim.Config{Jobs: controller.Config{Workers}}).Run with
 // the client's requests counted by a RoundTripper, in this process or in a child
 // process of its own (this program again, see childMain).
 func startCoroner(api *harness.Env, c config) (controllerUnderTest, error) {
@@ -70,7 +73,7 @@ func startCoroner(api *harness.Env, c config) (controllerUnderTest, error) {
 
 // inProcess is coroner's controller running in this process.
 type inProcess struct {
-	ctrl    *controller.Controller
+	ctrl    *shim.Controllers
 	counter *callCounter
 	cancel  context.CancelFunc
 	done    chan error
@@ -79,7 +82,7 @@ type inProcess struct {
 
 func startCoronerHere(base *rest.Config, qps float64, burst, workers int, jobRecords bool) (*inProcess, error) {
 	counter := newCallCounter()
-	client, err := newClient(base, controller.Component, float32(qps), burst, counter.wrap)
+	client, err := newClient(base, conditions.ShimComponent, float32(qps), burst, counter.wrap)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +91,7 @@ func startCoronerHere(base *rest.Config, qps float64, burst, workers int, jobRec
 		// As deployed (--job-records, on by default): the JobRecords' writes are counted
 		// with the rest of the controller's calls.
 		cfg := rest.CopyConfig(base)
-		cfg.UserAgent, cfg.QPS, cfg.Burst = controller.Component, float32(qps), burst
+		cfg.UserAgent, cfg.QPS, cfg.Burst = conditions.ShimComponent, float32(qps), burst
 		cfg.Wrap(counter.wrap)
 		if records.Client, err = dynamic.NewForConfig(cfg); err != nil {
 			return nil, err
@@ -96,7 +99,7 @@ func startCoronerHere(base *rest.Config, qps float64, burst, workers int, jobRec
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &inProcess{
-		ctrl:    controller.New(client, controller.Config{Workers: workers, Records: records}),
+		ctrl:    shim.NewControllers(ctx, client, shim.Config{Jobs: controller.Config{Workers: workers, Records: records}}),
 		counter: counter,
 		cancel:  cancel,
 		done:    make(chan error, 1),

@@ -18,9 +18,10 @@
 //     with the flags of harness.Env.StartControllerManager plus its client's rate limits
 //     (--kube-api-qps, --kube-api-burst) and access to /metrics, which that helper does
 //     not offer (nor does it say its port). Its Jobs have no spec.managedBy.
-//   - coroner: controller.New(client, controller.Config{Workers: 5, Records}).Run (with its
-//     JobRecords, as deployed, unless -no-job-records), otherwise with
-//     coroner-shim's defaults (managedBy coroner.dev/shim, 1s pod event batching, 10s
+//   - coroner: shim.NewControllers(ctx, client, shim.Config{Jobs: controller.Config{Workers:
+//     5, Records}}).Run (the Job controller with its JobRecords unless -no-job-records, and
+//     node-failure recovery, as coroner-shim runs them), otherwise with coroner-shim's
+//     defaults (managedBy coroner.dev/shim, 1s pod event batching, 10s
 //     doubling pod backoff); its Jobs have spec.managedBy coroner.dev/shim. By default it
 //     runs in a child process, this program started again (childMain), like
 //     kube-controller-manager in a process of its own; --coroner=in-process runs it inside

@@ -1,4 +1,5 @@
-// Package shim_test runs coroner's shim Job controller (package shim/controller) against a
+// Package shim_test runs coroner's shim Job controller (package shim/controller, with
+// node-failure recovery beside it, as shim.NewControllers wires them) against a
 // real kube-apiserver v1.36.3 and checks the scenarios of issue 3 end to end: pod failure
 // policy (S3), backoffLimit and backoffLimitPerIndex with their delays (S4-S6),
 // podReplacementPolicy (S7), suspend/resume, activeDeadlineSeconds, successPolicy and plain
@@ -44,6 +45,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/coroner-dev/coroner/shim"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/test/harness"
@@ -81,10 +83,10 @@ type fixture struct {
 	client  kubernetes.Interface
 	ns      string
 	builtin bool
-	// cfg is the coroner controller's config (ManagedBy is the value the fixture's Jobs
-	// carry); unused under the built-in controller.
-	cfg controller.Config
-	// backoff is the replacement delay policy in effect: cfg.Backoff, or the built-in
+	// cfg is the coroner controllers' config (Jobs.ManagedBy is the value the fixture's
+	// Jobs carry); unused under the built-in controller.
+	cfg shim.Config
+	// backoff is the replacement delay policy in effect: cfg.Jobs.Backoff, or the built-in
 	// controller's 10s doubling.
 	backoff backoff.Policy
 	mirror  *mirror
@@ -97,15 +99,23 @@ type fixture struct {
 // newFixture starts a controller of the package's target (coroner unless
 // CORONER_SHIM_TARGET=builtin) for a new namespace. Zero fields of cfg get the tests'
 // defaults: a fresh managedBy value, BatchPeriod 50ms, fastBackoff, 2 workers, the real
-// clock.
+// clock; node-failure recovery has its package's defaults (see newShimFixture).
 func newFixture(t *testing.T, cfg controller.Config) *fixture {
+	t.Helper()
+	return newShimFixture(t, shim.Config{Jobs: cfg})
+}
+
+// newShimFixture is newFixture with the configuration of both of coroner's controllers and
+// their informers. Zero fields of cfg.Jobs get newFixture's defaults; an empty
+// cfg.Informers.OtherPodsNamespace is the test's namespace.
+func newShimFixture(t *testing.T, cfg shim.Config) *fixture {
 	t.Helper()
 	return newFixtureFor(t, builtinTarget, cfg)
 }
 
-// newFixtureFor is newFixture with the target chosen by the caller: the built-in Job
+// newFixtureFor is newShimFixture with the target chosen by the caller: the built-in Job
 // controller when builtin is true, else coroner's.
-func newFixtureFor(t *testing.T, builtin bool, cfg controller.Config) *fixture {
+func newFixtureFor(t *testing.T, builtin bool, cfg shim.Config) *fixture {
 	t.Helper()
 	env := harness.Shared(t)
 	f := &fixture{
@@ -119,31 +129,31 @@ func newFixtureFor(t *testing.T, builtin bool, cfg controller.Config) *fixture {
 	if builtin {
 		f.backoff = backoff.Default
 	} else {
-		if cfg.ManagedBy == "" {
-			cfg.ManagedBy = nextManagedBy()
+		if cfg.Jobs.ManagedBy == "" {
+			cfg.Jobs.ManagedBy = nextManagedBy()
 		}
-		if cfg.BatchPeriod == 0 {
-			cfg.BatchPeriod = batchPeriod
+		if cfg.Jobs.BatchPeriod == 0 {
+			cfg.Jobs.BatchPeriod = batchPeriod
 		}
-		if cfg.Backoff == (backoff.Policy{}) {
-			cfg.Backoff = fastBackoff
+		if cfg.Jobs.Backoff == (backoff.Policy{}) {
+			cfg.Jobs.Backoff = fastBackoff
 		}
-		if cfg.RecoveryNamespace == "" {
+		if cfg.Informers.OtherPodsNamespace == "" {
 			// Recovery of pods that are not of managed Jobs stays in the test's namespace:
 			// the controllers of parallel tests share the API server.
-			cfg.RecoveryNamespace = f.ns
+			cfg.Informers.OtherPodsNamespace = f.ns
 		}
-		if cfg.Workers == 0 {
-			cfg.Workers = 2
+		if cfg.Jobs.Workers == 0 {
+			cfg.Jobs.Workers = 2
 		}
-		if cfg.Clock == nil {
-			cfg.Clock = clock.RealClock{}
+		if cfg.Jobs.Clock == nil {
+			cfg.Jobs.Clock = clock.RealClock{}
 		}
-		if cfg.Records.Client == nil {
+		if cfg.Jobs.Records.Client == nil {
 			// The JobRecords, as deployed (the harness installs their CRD).
-			cfg.Records.Client = dynamic.NewForConfigOrDie(env.Config)
+			cfg.Jobs.Records.Client = dynamic.NewForConfigOrDie(env.Config)
 		}
-		f.backoff = cfg.Backoff
+		f.backoff = cfg.Jobs.Backoff
 	}
 	f.cfg = cfg
 	f.startController()
@@ -197,18 +207,19 @@ func (f *fixture) stopController() {
 	f.running = false
 }
 
-// startShim runs controller.New(client, cfg).Run in a goroutine until the returned stop
-// function is called (also at the end of the test). Run returning before stop, or not
-// returning within 30s of its context being cancelled, fails the test.
-func startShim(t *testing.T, client kubernetes.Interface, cfg controller.Config) (stop func()) {
+// startShim runs shim.NewControllers(client, cfg).Run (the Job controller and node-failure
+// recovery, as coroner-shim runs them) in a goroutine until the returned stop function is
+// called (also at the end of the test). Run returning before stop, or not returning within
+// 30s of its context being cancelled, fails the test.
+func startShim(t *testing.T, client kubernetes.Interface, cfg shim.Config) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	c := controller.New(client, cfg)
+	c := shim.NewControllers(ctx, client, cfg)
 	done := make(chan error, 1)
 	go func() {
 		err := c.Run(ctx)
 		if ctx.Err() == nil {
-			t.Errorf("controller (managedBy %q): Run returned before it was stopped: %v", cfg.ManagedBy, err)
+			t.Errorf("controller (managedBy %q): Run returned before it was stopped: %v", cfg.Jobs.ManagedBy, err)
 		}
 		done <- err
 	}()
@@ -219,10 +230,10 @@ func startShim(t *testing.T, client kubernetes.Interface, cfg controller.Config)
 			select {
 			case err := <-done:
 				if err != nil && !errors.Is(err, context.Canceled) {
-					t.Errorf("controller (managedBy %q): Run returned %v after its context was cancelled, want nil", cfg.ManagedBy, err)
+					t.Errorf("controller (managedBy %q): Run returned %v after its context was cancelled, want nil", cfg.Jobs.ManagedBy, err)
 				}
 			case <-time.After(30 * time.Second):
-				t.Errorf("controller (managedBy %q): Run did not return within 30s after its context was cancelled", cfg.ManagedBy)
+				t.Errorf("controller (managedBy %q): Run did not return within 30s after its context was cancelled", cfg.Jobs.ManagedBy)
 			}
 		})
 	}
@@ -290,7 +301,7 @@ func (f *fixture) createJob(w *wrappers.JobWrapper) *batchv1.Job {
 	job.Namespace = f.ns
 	job.Spec.ManagedBy = nil
 	if !f.builtin {
-		mb := f.cfg.ManagedBy
+		mb := f.cfg.Jobs.ManagedBy
 		job.Spec.ManagedBy = &mb
 	}
 	created, err := f.client.BatchV1().Jobs(f.ns).Create(context.Background(), job, metav1.CreateOptions{})

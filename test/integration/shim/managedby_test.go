@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/wrappers"
@@ -31,7 +32,7 @@ func TestOnlyManagedJobsAreTouched(t *testing.T) {
 	ns := env.Namespace(t)
 	ctx := context.Background()
 	// Config.ManagedBy left empty: the default, conditions.ManagedBy.
-	startShim(t, newClient(env, "coroner-shim"), controller.Config{BatchPeriod: batchPeriod, Backoff: fastBackoff, Workers: 2})
+	startShim(t, newClient(env, "coroner-shim"), shim.Config{Jobs: controller.Config{BatchPeriod: batchPeriod, Backoff: fastBackoff, Workers: 2}})
 
 	create := func(w *wrappers.JobWrapper) *batchv1.Job {
 		j, err := client.BatchV1().Jobs(ns).Create(ctx, w.Obj(), metav1.CreateOptions{})

@@ -17,7 +17,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/conditions"
-	"github.com/coroner-dev/coroner/shim/controller"
+	"github.com/coroner-dev/coroner/shim"
+	"github.com/coroner-dev/coroner/shim/informers"
+	"github.com/coroner-dev/coroner/shim/recoverer"
 	"github.com/coroner-dev/coroner/shim/recovery"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
@@ -33,10 +35,10 @@ func recoveryFixture(t *testing.T) *fixture {
 		t.Skip("node-failure recovery is coroner's own")
 	}
 	// Each test reads agent Leases from a namespace of its own (made by agentNamespace).
-	return newFixture(t, controller.Config{
-		Recovery: recovery.Config{Threshold: 2 * time.Second, FenceMargin: time.Second, StaleAfter: 3 * time.Second,
-			OrphanQuarantine: time.Second},
-		AgentNamespace: fmt.Sprintf("agents-%d-%d", os.Getpid(), agentNamespaceSeq.Add(1)),
+	return newShimFixture(t, shim.Config{
+		Recovery: recoverer.Config{Recovery: recovery.Config{Threshold: 2 * time.Second, FenceMargin: time.Second, StaleAfter: 3 * time.Second,
+			OrphanQuarantine: time.Second}},
+		Informers: informers.Config{AgentNamespace: fmt.Sprintf("agents-%d-%d", os.Getpid(), agentNamespaceSeq.Add(1))},
 	})
 }
 
@@ -45,7 +47,7 @@ var agentNamespaceSeq atomic.Int32
 // agentNamespace creates the namespace the fixture's controller reads agent Leases from.
 func (f *fixture) agentNamespace() string {
 	f.t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.cfg.AgentNamespace}}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.cfg.Informers.AgentNamespace}}
 	if _, err := f.client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
 		f.t.Fatalf("creating namespace %s: %v", ns.Name, err)
 	}
@@ -458,10 +460,10 @@ func TestZombieRecoveryNarrowedToManagedJobs(t *testing.T) {
 	if builtinTarget {
 		t.Skip("node-failure recovery is coroner's own")
 	}
-	f := newFixture(t, controller.Config{
+	f := newShimFixture(t, shim.Config{Recovery: recoverer.Config{
 		Recovery:    recovery.Config{Threshold: 2 * time.Second, FenceMargin: time.Second, StaleAfter: 3 * time.Second, OrphanQuarantine: time.Second},
-		RecoverPods: controller.RecoverManaged,
-	})
+		RecoverPods: recoverer.RecoverManaged,
+	}})
 	node := f.node("narrowed")
 	job := f.builtinJob("builtin")
 	ofJob := f.otherPod("of-builtin-job", node, map[string]string{conditions.AnnotationKueueSafeToForcefullyTerminate: "true"}, job)

@@ -12,7 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/conditions"
-	"github.com/coroner-dev/coroner/shim/controller"
+	"github.com/coroner-dev/coroner/shim"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
@@ -127,7 +127,7 @@ func TestMatchesBuiltInController(t *testing.T) {
 					}
 					t.Run(name, func(t *testing.T) {
 						t.Parallel()
-						f := newFixtureFor(t, builtin, controller.Config{})
+						f := newFixtureFor(t, builtin, shim.Config{})
 						job := f.createJob(h.job(f.ns))
 						h.play(f, job)
 						f.waitFinished(job, h.end, f.replacementWait(2))

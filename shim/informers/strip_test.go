@@ -1,4 +1,4 @@
-package controller
+package informers
 
 import (
 	"fmt"
@@ -83,7 +83,7 @@ func TestStripForRecovery(t *testing.T) {
 	full := typicalPod(1, map[string]string{conditions.AnnotationKueueSafeToForcefullyTerminate: "true", "other": "x"})
 	full.DeletionTimestamp = ptr.To(metav1.Now())
 	full.DeletionGracePeriodSeconds = ptr.To[int64](30)
-	got, _ := stripForRecovery(full.DeepCopy())
+	got, _ := StripForRecovery(full.DeepCopy())
 	p := got.(*corev1.Pod)
 	if p.Name != full.Name || p.Namespace != full.Namespace || p.UID != full.UID || p.ResourceVersion != full.ResourceVersion ||
 		p.Spec.NodeName != full.Spec.NodeName || p.Status.Phase != full.Status.Phase || !reflect.DeepEqual(p.Status.Conditions, full.Status.Conditions) ||
@@ -107,17 +107,17 @@ func TestStripForRecovery(t *testing.T) {
 	if recovery.Relevant(p, true) != recovery.Relevant(full, true) {
 		t.Error("Relevant differs on the stripped pod")
 	}
-	again, _ := stripForRecovery(p.DeepCopy())
+	again, _ := StripForRecovery(p.DeepCopy())
 	if !reflect.DeepEqual(again, p) {
 		t.Errorf("not idempotent: %+v, then %+v", p, again)
 	}
 
-	other, _ := stripForRecovery(typicalPod(2, map[string]string{conditions.AnnotationSafeToForcefullyDelete: "false"}))
+	other, _ := StripForRecovery(typicalPod(2, map[string]string{conditions.AnnotationSafeToForcefullyDelete: "false"}))
 	want := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app-7d9c8b6f5d-00002", Namespace: "team", UID: "uid-00000002-0000-0000-0000-000000000000", ResourceVersion: "100002"}}
 	if !reflect.DeepEqual(other, want) {
 		t.Errorf("pod not opted in stripped to %+v, want its identity only", other)
 	}
-	if tomb, _ := stripForRecovery("not a pod"); tomb != "not a pod" {
+	if tomb, _ := StripForRecovery("not a pod"); tomb != "not a pod" {
 		t.Errorf("a non-pod object was changed: %v", tomb)
 	}
 }
@@ -143,10 +143,10 @@ func TestStripForRecoveryMemory(t *testing.T) {
 		return float64(after-before) / n
 	}
 	whole := measure(func(p *corev1.Pod) any { return p })
-	stripped := measure(func(p *corev1.Pod) any { s, _ := stripForRecovery(p); return s })
+	stripped := measure(func(p *corev1.Pod) any { s, _ := StripForRecovery(p); return s })
 	optedIn := measure(func(p *corev1.Pod) any {
 		p.Annotations[conditions.AnnotationSafeToForcefullyDelete] = "true"
-		s, _ := stripForRecovery(p)
+		s, _ := StripForRecovery(p)
 		return s
 	})
 	t.Logf("bytes per pod kept: whole %.0f, stripped (not opted in) %.0f, stripped (opted in) %.0f", whole, stripped, optedIn)

@@ -1,0 +1,124 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/controller"
+	"github.com/coroner-dev/coroner/shim/informers"
+	"github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/shim/recoverer"
+)
+
+// Config configures the shim's controllers (NewControllers). Zero fields take the
+// defaults of their packages.
+type Config struct {
+	// Jobs configures the Job controller. Its ManagedBy, Clock, Metrics and Recorder are
+	// node-failure recovery's too, unless Recovery sets its own. A nil Recorder means one
+	// built by NewControllers and run by Controllers.Run, with source component
+	// conditions.ShimComponent; a nil Metrics a private registry.
+	Jobs controller.Config
+	// Recovery configures node-failure recovery.
+	Recovery recoverer.Config
+	// Informers configures the shared informers: where the agents' Leases are, and the
+	// namespace of the pods that are not Jobs' pods.
+	Informers informers.Config
+}
+
+// Controllers are coroner-shim's two controllers, the Job controller and node-failure
+// recovery, on one set of shared informers. Build them with NewControllers; Run runs
+// them.
+type Controllers struct {
+	client    kubernetes.Interface
+	informers *informers.Informers
+	jobs      *controller.Controller
+	recoverer *recoverer.Recoverer
+	// broadcaster is set when NewControllers built the recorder; Run starts and stops it.
+	broadcaster record.EventBroadcaster
+}
+
+// NewControllers builds the shared informers once, and the Job controller and the
+// recoverer on them, each registering its event handlers; nothing runs until Run. ctx gives
+// the logger of the controllers' event handlers; nothing else of it is kept.
+func NewControllers(ctx context.Context, client kubernetes.Interface, cfg Config) *Controllers {
+	c := &Controllers{client: client, informers: informers.New(client, cfg.Informers)}
+	if cfg.Jobs.Metrics == nil {
+		cfg.Jobs.Metrics = metrics.New(prometheus.NewRegistry())
+	}
+	if cfg.Jobs.Recorder == nil {
+		c.broadcaster = record.NewBroadcaster(record.WithCorrelatorOptions(eventCorrelation()))
+		cfg.Jobs.Recorder = c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: conditions.ShimComponent})
+	}
+	r := &cfg.Recovery
+	if r.ManagedBy == "" {
+		r.ManagedBy = cfg.Jobs.ManagedBy
+	}
+	if r.Clock == nil {
+		r.Clock = cfg.Jobs.Clock
+	}
+	if r.Metrics == nil {
+		r.Metrics = cfg.Jobs.Metrics
+	}
+	if r.Recorder == nil {
+		r.Recorder = cfg.Jobs.Recorder
+	}
+	c.jobs = controller.New(ctx, client, c.informers, cfg.Jobs)
+	c.recoverer = recoverer.New(ctx, client, c.informers, cfg.Recovery)
+	return c
+}
+
+// HasSynced reports whether the caches of both controllers have synced (for /readyz).
+func (c *Controllers) HasSynced() bool { return c.jobs.HasSynced() && c.recoverer.HasSynced() }
+
+// Run starts the Event recorder (when NewControllers built it) and the informers, runs both
+// controllers until ctx is done, and returns once both have stopped (each lets the work it
+// is on finish first, see controller.Controller.Run), after shutting the informers and the
+// recorder down. It returns an error if the caches did not sync before ctx was done.
+func (c *Controllers) Run(ctx context.Context) error {
+	defer utilruntime.HandleCrash()
+	if c.broadcaster != nil {
+		c.broadcaster.StartStructuredLogging(3)
+		c.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+		defer c.broadcaster.Shutdown()
+	}
+	// After both controllers have stopped: nothing reads the informers any more.
+	defer c.informers.Shutdown()
+
+	var wg sync.WaitGroup
+	var jobsErr, recoveryErr error
+	wg.Go(func() { jobsErr = c.jobs.Run(ctx) })
+	wg.Go(func() { recoveryErr = c.recoverer.Run(ctx) })
+	// The handlers are registered (NewControllers): no event is missed.
+	c.informers.Start(ctx.Done())
+	wg.Wait()
+	return errors.Join(jobsErr, recoveryErr)
+}
+
+// eventCorrelation is how the shim's Events are thinned, chosen for people now that
+// explain reads the Jobs' records (controller/jobrecord.go) rather than Events:
+//   - aggregation is client-go's: past 10 Events of one reason on one object within 10
+//     minutes, similar ones are combined ("(combined from similar events): ...");
+//   - the spam filter (a burst of 25, then one every 5 minutes) counts per object, Event
+//     type and reason, not per object as client-go's default: a Job's 25th
+//     SuccessfulCreate must not silence the Warning that says why it failed.
+func eventCorrelation() record.CorrelatorOptions {
+	return record.CorrelatorOptions{SpamKeyFunc: spamKeyByReason}
+}
+
+// spamKeyByReason is the spam filter's key: the source, the object and the Event's type
+// and reason.
+func spamKeyByReason(e *corev1.Event) string {
+	o := e.InvolvedObject
+	return strings.Join([]string{e.Source.Component, e.Source.Host, o.Kind, o.Namespace, o.Name, string(o.UID), o.APIVersion, e.Type, e.Reason}, "\x00")
+}

@@ -1,0 +1,245 @@
+// Package informers builds coroner-shim's shared informers, once, for both of its
+// controllers: the Job controller (shim/controller) and node-failure recovery
+// (shim/recoverer). It holds what is cached and how: the selectors, the transforms that
+// keep the caches small, and the indexes the controllers look pods up by. Each controller
+// registers its own event handlers on the informers it reads; the caller builds the
+// controllers, then starts the informers (Start), and shuts them down (Shutdown) once
+// every controller has stopped.
+//
+// The informers:
+//
+//   - Jobs: every Job (spec.managedBy cannot be selected on).
+//   - Pods: the pods that carry the batch.kubernetes.io/controller-uid label, which every
+//     Job's pod has, whole (the Job sync reads them), indexed by the UID of their
+//     controlling Job (ControllerUIDIndex), by the label's value when they have no
+//     controller (OrphanUIDIndex) and by node (NodeNameIndex).
+//   - OtherPods: every other pod ("!batch.kubernetes.io/controller-uid"), stripped by
+//     StripForRecovery, in Config.OtherPodsNamespace ("" for all), indexed by node and by
+//     the UID of a controlling Job.
+//   - Nodes: every Node.
+//   - Leases: the Leases of Config.AgentNamespace, where coroner-agent's fencing Leases are.
+//
+// The Job and pod caches do not keep managedFields, which nothing here reads
+// (kube-controller-manager drops them too): they are about a third of a pod's memory. A
+// status Update of a Job without them leaves the stored managedFields as they are.
+package informers
+
+import (
+	"context"
+	"fmt"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kinformers "k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	batchlisters "k8s.io/client-go/listers/batch/v1"
+	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// DefaultAgentNamespace is the default of Config.AgentNamespace.
+const DefaultAgentNamespace = "coroner-system"
+
+// Names of the pod indexes.
+const (
+	// ControllerUIDIndex indexes pods (of Pods and OtherPods) by the UID of their
+	// controller when it is a batch/v1 Job.
+	ControllerUIDIndex = "coroner.dev/controller-uid"
+	// OrphanUIDIndex indexes the pods of Pods that have no controller reference by the
+	// value of their batch.kubernetes.io/controller-uid label: the orphans a Job's
+	// generated selector matches.
+	OrphanUIDIndex = "coroner.dev/orphan-controller-uid"
+	// NodeNameIndex indexes pods (of Pods and OtherPods) by spec.nodeName.
+	NodeNameIndex = "coroner.dev/node-name"
+)
+
+// Config configures the informers. Zero fields take the defaults.
+type Config struct {
+	// AgentNamespace is where coroner-agent's fencing Leases are; default
+	// DefaultAgentNamespace.
+	AgentNamespace string
+	// OtherPodsNamespace limits the informer of the pods that are not Jobs' pods to one
+	// namespace, and with it node-failure recovery of pods that are not of managed Jobs
+	// (shim/recoverer); "" (the shim's) is every namespace. Tests that run controllers side
+	// by side on one API server set it.
+	OtherPodsNamespace string
+}
+
+// Informers are the shared informers and their listers. Build them with New; the fields
+// are set by New and read only afterwards.
+type Informers struct {
+	// AgentNamespace and OtherPodsNamespace are Config's, with the defaults applied.
+	AgentNamespace, OtherPodsNamespace string
+
+	Jobs      cache.SharedIndexInformer
+	JobLister batchlisters.JobLister
+	// Pods are the Jobs' pods (whole, without managedFields).
+	Pods      cache.SharedIndexInformer
+	PodLister corelisters.PodLister
+	// OtherPods are the pods that are not Jobs' pods, stripped (StripForRecovery).
+	OtherPods      cache.SharedIndexInformer
+	OtherPodLister corelisters.PodLister
+	Nodes          cache.SharedIndexInformer
+	NodeLister     corelisters.NodeLister
+	// Leases are the Leases of AgentNamespace.
+	Leases      cache.SharedIndexInformer
+	LeaseLister coordinationlisters.LeaseLister
+
+	factories []kinformers.SharedInformerFactory
+}
+
+// New builds the informers for client, with their transforms and indexes. Nothing runs
+// until Start.
+func New(client kubernetes.Interface, cfg Config) *Informers {
+	if cfg.AgentNamespace == "" {
+		cfg.AgentNamespace = DefaultAgentNamespace
+	}
+	jobFactory := kinformers.NewSharedInformerFactoryWithOptions(client, 0,
+		kinformers.WithTransform(stripManagedFields))
+	podFactory := kinformers.NewSharedInformerFactoryWithOptions(client, 0,
+		kinformers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = batchv1.ControllerUidLabel }),
+		kinformers.WithTransform(stripManagedFields))
+	otherPodFactory := kinformers.NewSharedInformerFactoryWithOptions(client, 0,
+		kinformers.WithNamespace(cfg.OtherPodsNamespace),
+		kinformers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + batchv1.ControllerUidLabel }),
+		kinformers.WithTransform(StripForRecovery))
+	nodeFactory := kinformers.NewSharedInformerFactory(client, 0)
+	leaseFactory := kinformers.NewSharedInformerFactoryWithOptions(client, 0, kinformers.WithNamespace(cfg.AgentNamespace))
+
+	jobs := jobFactory.Batch().V1().Jobs()
+	pods := podFactory.Core().V1().Pods()
+	others := otherPodFactory.Core().V1().Pods()
+	nodes := nodeFactory.Core().V1().Nodes()
+	leases := leaseFactory.Coordination().V1().Leases()
+	i := &Informers{
+		AgentNamespace:     cfg.AgentNamespace,
+		OtherPodsNamespace: cfg.OtherPodsNamespace,
+		Jobs:               jobs.Informer(), JobLister: jobs.Lister(),
+		Pods: pods.Informer(), PodLister: pods.Lister(),
+		OtherPods: others.Informer(), OtherPodLister: others.Lister(),
+		Nodes: nodes.Informer(), NodeLister: nodes.Lister(),
+		Leases: leases.Informer(), LeaseLister: leases.Lister(),
+		factories: []kinformers.SharedInformerFactory{jobFactory, podFactory, otherPodFactory, nodeFactory, leaseFactory},
+	}
+	// AddIndexers only fails once an informer has started, which these have not.
+	if err := i.Pods.AddIndexers(cache.Indexers{
+		ControllerUIDIndex: indexByControllerUID,
+		OrphanUIDIndex:     indexOrphanByUIDLabel,
+		NodeNameIndex:      indexByNodeName,
+	}); err != nil {
+		panic(fmt.Sprintf("adding the pod indexes: %v", err))
+	}
+	if err := i.OtherPods.AddIndexers(cache.Indexers{
+		NodeNameIndex:      indexByNodeName,
+		ControllerUIDIndex: indexByControllerUID,
+	}); err != nil {
+		panic(fmt.Sprintf("adding the other pods' indexes: %v", err))
+	}
+	return i
+}
+
+// Start starts every informer; they stop when stop is closed. Register the event handlers
+// first (the controllers' constructors do), so that no handler misses the initial list.
+func (i *Informers) Start(stop <-chan struct{}) {
+	for _, f := range i.factories {
+		f.Start(stop)
+	}
+}
+
+// Shutdown waits for the informers started by Start to stop (their stop channel must be
+// closed). Call it once, after every controller reading them has stopped.
+func (i *Informers) Shutdown() {
+	for _, f := range i.factories {
+		f.Shutdown()
+	}
+}
+
+// WaitForCacheSync waits until the given informers have synced; false when ctx was done
+// first.
+func WaitForCacheSync(ctx context.Context, informers ...cache.SharedIndexInformer) bool {
+	synced := make([]cache.InformerSynced, len(informers))
+	for n, s := range informers {
+		synced[n] = s.HasSynced
+	}
+	return cache.WaitForNamedCacheSyncWithContext(ctx, synced...)
+}
+
+// PodByKey returns the pod of a queue key (namespace/name) from lister; nil without error
+// when the key is malformed or the cache does not hold the pod.
+func PodByKey(lister corelisters.PodLister, key string) (*corev1.Pod, error) {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil, nil
+	}
+	pod, err := lister.Pods(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return pod, err
+}
+
+// CachedJobOf returns the Job controlling pod from the Job cache: nil when the pod's
+// controller is not a batch/v1 Job, or the cache holds no Job of that name and UID.
+func (i *Informers) CachedJobOf(pod *corev1.Pod) *batchv1.Job {
+	ref := JobControllerRef(pod)
+	if ref == nil {
+		return nil
+	}
+	job, err := i.JobLister.Jobs(pod.Namespace).Get(ref.Name)
+	if err != nil || job.UID != ref.UID {
+		return nil
+	}
+	return job
+}
+
+// JobControllerRef returns the pod's controller reference when it is a batch/v1 Job.
+func JobControllerRef(pod *corev1.Pod) *metav1.OwnerReference {
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil || ref.Kind != "Job" || ref.APIVersion != batchv1.SchemeGroupVersion.String() {
+		return nil
+	}
+	return ref
+}
+
+// IsManagedBy reports whether job's spec.managedBy is managedBy (S1).
+func IsManagedBy(job *batchv1.Job, managedBy string) bool {
+	return job != nil && job.Spec.ManagedBy != nil && *job.Spec.ManagedBy == managedBy
+}
+
+// indexByControllerUID: the UID of the pod's controller when it is a batch/v1 Job.
+func indexByControllerUID(obj any) ([]string, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	ref := JobControllerRef(pod)
+	if ref == nil {
+		return nil, nil
+	}
+	return []string{string(ref.UID)}, nil
+}
+
+// indexOrphanByUIDLabel: the batch.kubernetes.io/controller-uid label of a pod without a
+// controller reference.
+func indexOrphanByUIDLabel(obj any) ([]string, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok || metav1.GetControllerOf(pod) != nil {
+		return nil, nil
+	}
+	if uid := pod.Labels[batchv1.ControllerUidLabel]; uid != "" {
+		return []string{uid}, nil
+	}
+	return nil, nil
+}
+
+// indexByNodeName: the pod's spec.nodeName.
+func indexByNodeName(obj any) ([]string, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok || pod.Spec.NodeName == "" {
+		return nil, nil
+	}
+	return []string{pod.Spec.NodeName}, nil
+}

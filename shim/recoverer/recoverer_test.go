@@ -1,0 +1,383 @@
+package recoverer
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/informers"
+	"github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/shim/queue"
+	"github.com/coroner-dev/coroner/shim/recovery"
+)
+
+const testNS = "ns"
+
+var threshold = 10 * time.Second
+
+// fakeQueue records what is added instead of queueing.
+type fakeQueue struct {
+	queue.Queue
+	mu    sync.Mutex
+	added []string // key, or key@duration for AddAfter
+}
+
+func (q *fakeQueue) Add(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.added = append(q.added, key)
+}
+
+func (q *fakeQueue) AddAfter(key string, d time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.added = append(q.added, key+"@"+d.String())
+}
+
+// take returns what was added since the last call, sorted.
+func (q *fakeQueue) take() []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.added
+	q.added = nil
+	slices.Sort(out)
+	return out
+}
+
+type fixture struct {
+	r        *Recoverer
+	client   *fake.Clientset
+	inf      *informers.Informers
+	queue    *fakeQueue
+	recorder *record.FakeRecorder
+	clock    *clocktesting.FakeClock
+	metrics  *metrics.Metrics
+}
+
+// newFixture builds a Recoverer whose informers are not started: the test puts objects
+// in their stores itself. objs go into the fake clientset only.
+func newFixture(t *testing.T, scope RecoverScope, objs ...runtime.Object) *fixture {
+	t.Helper()
+	f := &fixture{
+		client:   fake.NewClientset(objs...),
+		queue:    &fakeQueue{},
+		recorder: record.NewFakeRecorder(100),
+		clock:    clocktesting.NewFakeClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)),
+		metrics:  metrics.New(prometheus.NewRegistry()),
+	}
+	f.inf = informers.New(f.client, informers.Config{OtherPodsNamespace: testNS})
+	f.r = New(context.Background(), f.client, f.inf, Config{
+		Recovery:    recovery.Config{Threshold: threshold},
+		RecoverPods: scope,
+		Clock:       f.clock,
+		Metrics:     f.metrics,
+		Recorder:    f.recorder,
+	})
+	f.r.queue = f.queue
+	return f
+}
+
+// inCache puts objects in the informer stores; pods without a controller-uid label go to
+// the other pods' store, stripped as its informer would.
+func (f *fixture) inCache(t *testing.T, objs ...runtime.Object) {
+	t.Helper()
+	for _, o := range objs {
+		var err error
+		switch o := o.(type) {
+		case *batchv1.Job:
+			err = f.inf.Jobs.GetIndexer().Add(o)
+		case *corev1.Node:
+			err = f.inf.Nodes.GetIndexer().Add(o)
+		case *coordinationv1.Lease:
+			err = f.inf.Leases.GetIndexer().Add(o)
+		case *corev1.Pod:
+			if _, ok := o.Labels[batchv1.ControllerUidLabel]; ok {
+				err = f.inf.Pods.GetIndexer().Add(o)
+			} else {
+				stub, _ := informers.StripForRecovery(o.DeepCopy())
+				err = f.inf.OtherPods.GetIndexer().Add(stub)
+			}
+		default:
+			t.Fatalf("inCache: unexpected %T", o)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (f *fixture) events() []string {
+	var out []string
+	for {
+		select {
+		case e := <-f.recorder.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
+func managedJob(name, managedBy string) *batchv1.Job {
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, UID: types.UID(name + "-uid")},
+		Spec:       batchv1.JobSpec{ManagedBy: ptr.To(managedBy)},
+	}
+}
+
+// podOn is a Running pod bound to node, of job (nil: a bare pod), opted in or not.
+func podOn(name, node string, job *batchv1.Job, optedIn bool) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, UID: types.UID(name + "-uid"), ResourceVersion: "1",
+			Labels: map[string]string{}},
+		Spec:   corev1.PodSpec{NodeName: node},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	if job != nil {
+		p.Labels[batchv1.ControllerUidLabel] = string(job.UID)
+		p.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(job, batchv1.SchemeGroupVersion.WithKind("Job"))}
+	}
+	if optedIn {
+		p.Annotations = map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"}
+	}
+	return p
+}
+
+// counter reads a counter's value.
+func counter(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func deletedAt(p *corev1.Pod, at time.Time) *corev1.Pod {
+	p = p.DeepCopy()
+	p.DeletionTimestamp = ptr.To(metav1.NewTime(at))
+	p.DeletionGracePeriodSeconds = ptr.To[int64](30)
+	return p
+}
+
+func unreachableNode(name string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{
+		{Key: corev1.TaintNodeUnreachable, Effect: corev1.TaintEffectNoSchedule},
+		{Key: corev1.TaintNodeUnreachable, Effect: corev1.TaintEffectNoExecute},
+	}}}
+}
+
+// TestHandlers checks what the event handlers enqueue: relevant pods of Jobs, opted-in
+// other pods only with RecoverAll, and the relevant pods of a node whose taints or agent
+// Lease changed, or that is gone; not a resync, nor a node update that leaves the taints.
+func TestHandlers(t *testing.T) {
+	for _, scope := range []RecoverScope{RecoverAll, RecoverManaged} {
+		t.Run(string(scope), func(t *testing.T) {
+			job := managedJob("j", conditions.ManagedBy)
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", ResourceVersion: "1"}}
+			jobPod := podOn("job-pod", "node-1", job, true)
+			plainJobPod := podOn("plain-job-pod", "node-1", job, false)
+			bare := podOn("bare", "node-1", nil, true)
+			plainBare := podOn("plain-bare", "node-1", nil, false)
+			f := newFixture(t, scope)
+			f.inCache(t, job, node, jobPod, plainJobPod, bare, plainBare)
+			withOthers := func(keys ...string) []string {
+				if scope == RecoverAll {
+					keys = append(keys, "ns/bare")
+				}
+				slices.Sort(keys)
+				return keys
+			}
+			check := func(what string, want []string) {
+				t.Helper()
+				if got := f.queue.take(); !slices.Equal(got, want) {
+					t.Errorf("%s: enqueued %v, want %v", what, got, want)
+				}
+			}
+
+			f.r.addPod(jobPod)
+			f.r.addPod(plainJobPod)
+			check("Jobs' pods added", []string{"ns/job-pod"})
+			f.r.updatePod(jobPod, jobPod)
+			check("resync", nil)
+			updated := jobPod.DeepCopy()
+			updated.ResourceVersion = "2"
+			f.r.updatePod(jobPod, updated)
+			check("Job's pod updated", []string{"ns/job-pod"})
+			for _, p := range []*corev1.Pod{bare, plainBare} {
+				stub, _ := informers.StripForRecovery(p.DeepCopy())
+				f.r.otherPodChanged(stub)
+			}
+			check("other pods", withOthers())
+
+			tainted := unreachableNode("node-1")
+			tainted.ResourceVersion = "2"
+			f.r.updateNode(node, tainted)
+			check("taints changed", withOthers("ns/job-pod"))
+			relabelled := tainted.DeepCopy()
+			relabelled.Labels = map[string]string{"a": "b"}
+			f.r.updateNode(tainted, relabelled)
+			check("taints unchanged", nil)
+			f.r.deleteNode(cache.DeletedFinalStateUnknown{Key: "node-1", Obj: tainted})
+			check("node deleted", withOthers("ns/job-pod"))
+
+			lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: conditions.AgentLeaseName("node-1"), Namespace: f.inf.AgentNamespace}}
+			f.r.leaseChanged(lease)
+			check("agent Lease", withOthers("ns/job-pod"))
+			f.r.leaseChanged(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Namespace: f.inf.AgentNamespace}})
+			check("another Lease", nil)
+		})
+	}
+}
+
+// TestRecoverZombie: an opted-in pod of a managed Job, being deleted on an unreachable
+// node, is requeued until its deletion plus the threshold, then failed with the conditions
+// and force-deleted, with Events on the pod and the Job and the metric counted.
+func TestRecoverZombie(t *testing.T) {
+	job := managedJob("j", conditions.ManagedBy)
+	f := newFixture(t, RecoverAll)
+	pod := deletedAt(podOn("zombie", "node-1", job, true), f.clock.Now())
+	f.client = fake.NewClientset(pod)
+	f.r.client = f.client
+	f.r.patcher = conditions.NewPodPatcher(f.client, conditions.ShimComponent)
+	f.inCache(t, job, unreachableNode("node-1"), pod)
+
+	if err := f.r.recoverPod(context.Background(), "ns/zombie"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.queue.take(), []string{"ns/zombie@" + threshold.String()}; !slices.Equal(got, want) {
+		t.Errorf("before the threshold: enqueued %v, want %v", got, want)
+	}
+	if n := len(f.client.Actions()); n != 0 {
+		t.Errorf("before the threshold: %d API calls, want none: %v", n, f.client.Actions())
+	}
+
+	f.clock.Step(threshold)
+	if err := f.r.recoverPod(context.Background(), "ns/zombie"); err != nil {
+		t.Fatal(err)
+	}
+	var patched, deleted bool
+	for _, a := range f.client.Actions() {
+		switch a := a.(type) {
+		case k8stesting.PatchAction:
+			patched = a.GetSubresource() == "status" && strings.Contains(string(a.GetPatch()), `"phase":"Failed"`) &&
+				strings.Contains(string(a.GetPatch()), string(conditions.ForcefullyTerminated))
+		case k8stesting.DeleteAction:
+			deleted = a.GetName() == "zombie" && ptr.Deref(a.GetDeleteOptions().GracePeriodSeconds, -1) == 0 &&
+				*a.GetDeleteOptions().Preconditions.UID == pod.UID
+		}
+	}
+	if !patched || !deleted {
+		t.Errorf("status written: %v, force-deleted: %v; want both: %v", patched, deleted, f.client.Actions())
+	}
+	events := f.events()
+	if len(events) != 2 || !strings.HasPrefix(events[0], "Warning "+conditions.EventReasonForcefullyTerminated) || events[0] != events[1] {
+		t.Errorf("Events %q: want one Warning %s on the pod and the same on the Job", events, conditions.EventReasonForcefullyTerminated)
+	}
+	if n := counter(t, f.metrics.PodsRecovered.WithLabelValues(string(recovery.ForceTerminate), conditions.ReasonNodeUnreachable)); n != 1 {
+		t.Errorf("coroner_pods_recovered_total = %v, want 1", n)
+	}
+}
+
+// TestRecoverOrphan: a pod of a managed Job on a node that neither the cache nor the API
+// server knows is failed and deleted once the node has been missing for the quarantine;
+// a node the API server has (the cache lags) is no orphan.
+func TestRecoverOrphan(t *testing.T) {
+	job := managedJob("j", conditions.ManagedBy)
+	pod := podOn("orphan", "gone", job, false)
+	lagging := podOn("lagging", "new", job, false)
+	f := newFixture(t, RecoverManaged, pod, lagging, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "new"}})
+	f.r.patcher = conditions.NewPodPatcher(f.client, conditions.ShimComponent)
+	f.inCache(t, job, pod, lagging)
+
+	if err := f.r.recoverPod(context.Background(), "ns/lagging"); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.queue.take(); len(got) != 0 {
+		t.Errorf("pod on a node the cache lags behind: enqueued %v, want nothing", got)
+	}
+	if err := f.r.recoverPod(context.Background(), "ns/orphan"); err != nil {
+		t.Fatal(err)
+	}
+	quarantine := recovery.DefaultOrphanQuarantine
+	if got, want := f.queue.take(), []string{"ns/orphan@" + quarantine.String()}; !slices.Equal(got, want) {
+		t.Errorf("node just found missing: enqueued %v, want %v", got, want)
+	}
+	f.clock.Step(quarantine)
+	if err := f.r.recoverPod(context.Background(), "ns/orphan"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.client.CoreV1().Pods(testNS).Get(context.Background(), "orphan", metav1.GetOptions{})
+	if err == nil {
+		t.Errorf("orphan still there after the quarantine: phase %s", got.Status.Phase)
+	}
+	if n := counter(t, f.metrics.PodsRecovered.WithLabelValues(string(recovery.FailOrphan), conditions.ReasonNodeDeleted)); n != 1 {
+		t.Errorf("coroner_pods_recovered_total{FailOrphan} = %v, want 1", n)
+	}
+}
+
+// TestRecoverOthersScope: an opted-in zombie that is not of a managed Job (a Job managed
+// by someone else, a bare pod) is recovered with RecoverAll in the informers' namespace
+// only, and never with RecoverManaged.
+func TestRecoverOthersScope(t *testing.T) {
+	others := managedJob("builtin", "kubernetes.io/job-controller")
+	for _, tc := range []struct {
+		name      string
+		scope     RecoverScope
+		pod       *corev1.Pod
+		recovered bool
+	}{
+		{"another's Job, all", RecoverAll, podOn("p", "node-1", others, true), true},
+		{"another's Job, managed", RecoverManaged, podOn("p", "node-1", others, true), false},
+		{"bare, all", RecoverAll, podOn("p", "node-1", nil, true), true},
+		{"bare, managed", RecoverManaged, podOn("p", "node-1", nil, true), false},
+		{"bare, not opted in", RecoverAll, podOn("p", "node-1", nil, false), false},
+		{"another namespace", RecoverAll, func() *corev1.Pod {
+			p := podOn("p", "node-1", others, true)
+			p.Namespace = "elsewhere"
+			return p
+		}(), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.scope)
+			start := f.clock.Now()
+			pod := deletedAt(tc.pod, start)
+			f.client = fake.NewClientset(pod)
+			f.r.client = f.client
+			f.r.patcher = conditions.NewPodPatcher(f.client, conditions.ShimComponent)
+			f.inCache(t, others, unreachableNode("node-1"), pod)
+			f.clock.Step(threshold)
+			if err := f.r.recoverPod(context.Background(), pod.Namespace+"/p"); err != nil {
+				t.Fatal(err)
+			}
+			deleted := slices.ContainsFunc(f.client.Actions(), func(a k8stesting.Action) bool { return a.GetVerb() == "delete" })
+			if deleted != tc.recovered {
+				t.Errorf("recovered: %v, want %v (%v)", deleted, tc.recovered, f.client.Actions())
+			}
+			for _, e := range f.events() {
+				if tc.recovered && strings.Contains(e, "builtin") {
+					t.Errorf("Event %q: no Event goes to a Job that is not managed", e)
+				}
+			}
+		})
+	}
+}
