@@ -3,7 +3,8 @@ package controller
 // The JobRecords: the stories of the pods that left each Job, for coronerctl explain
 // (package shim/record). A sync writes the entries of its plan (jobsync.Plan.Leaving)
 // first, before it deletes a pod or removes a finalizer, and stops there when the write
-// fails: a pod is never gone, or counted, before its entry is stored.
+// failed in a way a retry may mend (recordRetriable): a pod is not gone, or counted,
+// before its entry is stored, unless the record cannot be written at all.
 
 import (
 	"context"
@@ -191,10 +192,26 @@ func (r *records) count(verb string, err error) {
 	r.metrics.JobRecordWrites.WithLabelValues(verb, result).Inc()
 }
 
+// errUnreadable marks a stored record that does not decode: retrying does not mend it.
+var errUnreadable = errors.New("unreadable JobRecord")
+
 func fromUnstructured(u *unstructured.Unstructured) (*record.JobRecord, error) {
 	var o record.JobRecord
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &o); err != nil {
-		return nil, errors.Join(fmt.Errorf("reading JobRecord %s/%s", u.GetNamespace(), u.GetName()), err)
+		return nil, fmt.Errorf("%w %s/%s: %w", errUnreadable, u.GetNamespace(), u.GetName(), err)
 	}
 	return &o, nil
+}
+
+// recordRetriable says whether a failed record write may succeed if tried again: a
+// conflict, a record that exists already (read next time), the API server busy, slow or
+// failing, or no answer. A refusal (forbidden, the resource not served, the namespace
+// being deleted, the object invalid or too large) is not.
+func recordRetriable(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return !errors.Is(err, errUnreadable) // else: no answer from the API server
+	}
+	return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
+		apierrors.IsTooManyRequests(err) || apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsUnexpectedServerError(err)
 }

@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -105,5 +108,38 @@ func TestRecordsOff(t *testing.T) {
 	r := newRecords(RecordsConfig{}, nil)
 	if err := r.write(context.Background(), "ns/j", &batchv1.Job{}, []record.Entry{entry("a", record.OutcomeFailed, 0)}); err != nil {
 		t.Errorf("write = %v", err)
+	}
+}
+
+// TestRecordRetriable: a write that may succeed when tried again holds the sync back; a
+// refusal lets the Job go on without its record.
+func TestRecordRetriable(t *testing.T) {
+	gr := schema.GroupResource{Group: record.Group, Resource: record.Resource}
+	terminating := apierrors.NewForbidden(gr, "j", errors.New("unable to create new content in namespace ns because it is being terminated"))
+	terminating.ErrStatus.Details.Causes = []metav1.StatusCause{{Type: corev1.NamespaceTerminatingCause}}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"conflict", apierrors.NewConflict(gr, "j", errors.New("changed")), true},
+		{"exists already", apierrors.NewAlreadyExists(gr, "j"), true},
+		{"too many requests", apierrors.NewTooManyRequests("busy", 1), true},
+		{"server timeout", apierrors.NewServerTimeout(gr, "patch", 1), true},
+		{"internal error", apierrors.NewInternalError(errors.New("etcd")), true},
+		{"no answer", fmt.Errorf("writing: %w", errors.New("connection refused")), true},
+		{"namespace terminating", fmt.Errorf("creating: %w", terminating), false},
+		{"forbidden", apierrors.NewForbidden(gr, "j", errors.New("RBAC")), false},
+		{"not served", apierrors.NewNotFound(gr, "j"), false},
+		{"too large", apierrors.NewRequestEntityTooLargeError("limit is 3145728"), false},
+		{"invalid", apierrors.NewBadRequest("invalid"), false},
+		{"unreadable", fmt.Errorf("%w ns/j: bad", errUnreadable), false},
+	} {
+		if got := recordRetriable(tc.err); got != tc.want {
+			t.Errorf("%s: recordRetriable(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
+	}
+	if !apierrors.HasStatusCause(fmt.Errorf("creating: %w", terminating), corev1.NamespaceTerminatingCause) {
+		t.Error("the namespace's termination is not seen through wrapping")
 	}
 }

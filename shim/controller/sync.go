@@ -127,9 +127,20 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 		"expectationsSatisfied", satisfied)
 
 	// 0. The record of the pods that leave the Job in this plan, before any of them goes
-	// (jobrecord.go). Nothing else is done without it: the next sync tries again.
+	// (jobrecord.go). When the write may succeed on a retry nothing else is done: the
+	// next sync tries again. When it cannot (the namespace is being deleted, RBAC or the
+	// CRD missing, the record refused), the Job goes on without it: the record is for
+	// explain, and a Job must never stall for it (explain then says its story is
+	// incomplete).
 	if err := c.jobRecords.write(ctx, key, job, plan.Leaving); err != nil {
-		return err
+		if recordRetriable(err) {
+			return err
+		}
+		if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+			logger.V(2).Info("Not recording the pods that leave the Job: its namespace is being deleted", "pods", len(plan.Leaving))
+		} else {
+			logger.Error(err, "Not recording the pods that leave the Job; going on without", "pods", len(plan.Leaving))
+		}
 	}
 
 	// 1. Pod deletions, then creations. A pod whose deletion an earlier sync issued and
