@@ -116,7 +116,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.FenceMargin, "fence-margin", o.FenceMargin, "Added to an agent's --fence-after before a node whose agent stopped renewing its Lease counts as fenced, and its opted-in pods are recovered without waiting (Z2): clock skew, the agent's relist period, the time to stop containers.")
 	fs.StringVar(&o.RecoverPods, "recover-pods", o.RecoverPods, "Whose pods stuck on a lost node are recovered: \"all\" recovers every pod opted in by annotation (coroner.dev/safe-to-forcefully-delete, or Kueue's kueue.x-k8s.io/safe-to-forcefully-terminate or kueue.x-k8s.io/safe-to-forcefully-delete, set to \"true\"), whoever owns it (a built-in Job, a JobSet, a bare pod...), as Kueue's failure recovery does: Z1 and Z2, and the forced deletion of a terminal pod being deleted on an unreachable node; this watches every pod, keeping a stripped copy of those that are not Jobs' pods. \"managed\" recovers only the pods of the Jobs this shim manages (Z1-Z4). Orphans (Z3) and stale DisruptionTargets (Z4) are handled for managed Jobs' pods only, either way.")
 	fs.BoolVar(&o.JobRecords, "job-records", o.JobRecords, "Keep, for every managed Job, a JobRecord (coroner.dev/v1alpha1, CRD in deploy/base/jobrecord-crd.yaml) with each pod that left the Job: its last phase, cause of death, the podFailurePolicy decision, why the shim deleted it; coronerctl explain reads it. Needs the CRD installed (checked at start). false keeps none: explain then tells only the pods that exist.")
-	fs.IntVar(&o.JobRecordMaxPods, "job-record-max-pods", o.JobRecordMaxPods, "The most pod entries one JobRecord keeps (about 300 bytes each; at most 4000, as an object must stay under etcd's 1.5 MiB); past it the oldest go first in the order Succeeded, Deleted, Ignored, Failed, counted in the record's dropped field.")
+	fs.IntVar(&o.JobRecordMaxPods, "job-record-max-pods", o.JobRecordMaxPods, "The most pod entries one JobRecord keeps (about 500 bytes each as stored, the API server's managedFields included; at most 2500, as an object must stay under etcd's 1.5 MiB); past it the oldest go first in the order Deleted, Ignored, Failed, counted in the record's dropped field.")
 	fs.DurationVar(&o.StaleDisruptionAfter, "stale-disruption-after", o.StaleDisruptionAfter, "How long DisruptionTarget=True may stay on a pod that is not being deleted before the shim sets it False (Z4).")
 }
 
@@ -168,8 +168,8 @@ func (o *Options) Validate() error {
 	if o.OOMVerdictWait < 0 {
 		errs = append(errs, fmt.Errorf("--oom-verdict-wait=%v: must not be negative", o.OOMVerdictWait))
 	}
-	if o.JobRecordMaxPods < 1 || o.JobRecordMaxPods > 4000 {
-		errs = append(errs, fmt.Errorf("--job-record-max-pods=%d: must be between 1 and 4000 (a JobRecord must stay under etcd's 1.5 MiB)", o.JobRecordMaxPods))
+	if o.JobRecordMaxPods < 1 || o.JobRecordMaxPods > controller.MaxRecordMaxPods {
+		errs = append(errs, fmt.Errorf("--job-record-max-pods=%d: must be between 1 and %d (a JobRecord must stay under etcd's 1.5 MiB)", o.JobRecordMaxPods, controller.MaxRecordMaxPods))
 	}
 	if o.ZombieThreshold <= 0 {
 		errs = append(errs, fmt.Errorf("--zombie-threshold=%v: must be positive", o.ZombieThreshold))

@@ -25,10 +25,15 @@ import (
 	"github.com/coroner-dev/coroner/shim/record"
 )
 
-// DefaultRecordMaxPods is the default bound of a JobRecord's entries: at about 300 bytes
-// an entry (shim/record's TestPatchSize), 3,000 take about 900 KB, under etcd's 1.5 MiB
-// request limit with room to spare.
-const DefaultRecordMaxPods = 3000
+// DefaultRecordMaxPods is the default bound of a JobRecord's entries, MaxRecordMaxPods the
+// largest allowed: an entry takes about 330 bytes of JSON (shim/record's TestPatchSize)
+// and about 510 as stored, with the API server's managedFields, which list every entry's
+// fields (TestExplainThousandPods), so 2,000 take about 1 MB and 2,500 about 1.3 MB, under
+// etcd's 1.5 MiB request limit.
+const (
+	DefaultRecordMaxPods = 2000
+	MaxRecordMaxPods     = 2500
+)
 
 // RecordsConfig is where the JobRecords go.
 type RecordsConfig struct {

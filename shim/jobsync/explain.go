@@ -51,7 +51,8 @@ func (s *state) consequence(p *corev1.Pod, r policy.Result, ix int) string {
 		return "not counted, the pod will be replaced"
 	case r.Action == batchv1.PodFailurePolicyActionFailJob:
 		return "the Job fails (reason PodFailurePolicy)"
-	case s.finished != nil && s.finished.Type != batchv1.JobSuccessCriteriaMet && !isFailed(p, s.job):
+	case s.finished != nil && s.finished.Type != batchv1.JobSuccessCriteriaMet && p.Status.Phase != corev1.PodFailed:
+		// Running (or being deleted, by this plan or an earlier one) when the Job failed.
 		return "counted as failed: the Job failed (" + s.finished.Reason + ") while it ran"
 	case s.perIndex && ix != noIndex && s.failedIdx.Has(ix):
 		return fmt.Sprintf("index %d failed", ix)

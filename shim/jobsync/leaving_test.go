@@ -36,9 +36,9 @@ func leaving(p Plan) []string {
 	return out
 }
 
-// TestLeaving: every pod a plan deletes or lets go of (its finalizer removed) has a record
-// entry saying what its end did to the Job, with the rule, the consequence the Event says
-// and why the shim deleted it.
+// TestLeaving: every pod a plan deletes or lets go of (its finalizer removed), but for
+// successes, has a record entry saying what its end did to the Job, with the rule, the
+// consequence the Event says and why the shim deleted it.
 func TestLeaving(t *testing.T) {
 	disrupted := func(name string, ix int) *corev1.Pod {
 		p := tracked(failed(name, 137).Index(ix).Condition(corev1.DisruptionTarget, corev1.ConditionTrue))
@@ -52,10 +52,10 @@ func TestLeaving(t *testing.T) {
 		want []string
 	}{
 		{
-			name: "a counted failure and a success leave with their finalizers",
+			name: "a counted failure and a success leave with their finalizers: the success is not recorded",
 			job:  job(wrappers.MakeJob("j", "ns").Completions(3).Parallelism(2)),
 			pods: []*corev1.Pod{tracked(failed("j-a", 1)), tracked(succeeded("j-b"))},
-			want: []string{"j-a Failed: counts towards the backoff limit [Exit]", "j-b Succeeded"},
+			want: []string{"j-a Failed: counts towards the backoff limit [Exit]"},
 		},
 		{
 			name: "an ignored disruption, rule 0, once its replacement exists",
@@ -112,7 +112,7 @@ func TestLeaving(t *testing.T) {
 				}
 			}
 			for _, p := range plan.RemoveFinalizer {
-				if !recorded[p.Name] {
+				if !recorded[p.Name] && p.Status.Phase != corev1.PodSucceeded {
 					t.Errorf("%s loses its finalizer without a record entry", p.Name)
 				}
 			}
@@ -135,6 +135,17 @@ func TestLeavingWhenTheJobFailsWhileAPodRuns(t *testing.T) {
 	plan = Sync(Input{Job: j, Pods: []*corev1.Pod{bad, other}, Now: now.Add(time.Second), ExpectationsSatisfied: true})
 	rec.Add(0, plan.Leaving...)
 	got, ok := rec.Find("j-b")
+	if !ok || got.Outcome != record.OutcomeFailed {
+		t.Fatalf("j-b's entry = %+v, %v", got, ok)
+	}
+
+	// Had the sync that deleted j-b not let it go (the Job's end planned again later), the
+	// sync that counts it sees it terminating, still Running: the same words.
+	rec = record.Record{}
+	rec.Add(0, record.Of(other, record.Decision{Outcome: record.OutcomeDeleted, Why: "job failed: BackoffLimitExceeded"}, metav1.NewTime(now)))
+	plan = sync(job(wrappers.MakeJob("j", "ns").Completions(2).Parallelism(2).BackoffLimit(0)), bad, other)
+	rec.Add(0, plan.Leaving...)
+	got, ok = rec.Find("j-b")
 	if !ok || got.Outcome != record.OutcomeFailed || got.Why != "job failed: BackoffLimitExceeded" ||
 		got.Consequence != "counted as failed: the Job failed (BackoffLimitExceeded) while it ran" {
 		t.Errorf("j-b's entry = %+v, want Failed, counted as the Job failed, deleted by the shim for it", got)

@@ -91,7 +91,9 @@ type Plan struct {
 	RemoveFinalizer []*corev1.Pod
 
 	// Leaving are the record entries of the pods that leave the Job in this plan: those
-	// in Delete and RemoveFinalizer. The controller writes them to the Job's JobRecord
+	// in Delete and RemoveFinalizer, but for pods that succeeded (a success stays a pod
+	// until its Job goes; not recording them keeps successful Jobs free of record
+	// writes). The controller writes them to the Job's JobRecord
 	// before anything else, so that a pod is never gone (or uncounted from the record's
 	// point of view) before its story is stored.
 	Leaving []record.Entry

@@ -78,7 +78,9 @@ func Sync(in Input) Plan {
 		for _, p := range in.Pods {
 			if hasTrackingFinalizer(p) && !in.FinalizersBeingRemoved.Has(p.UID) {
 				plan.RemoveFinalizer = append(plan.RemoveFinalizer, p)
-				plan.Leaving = append(plan.Leaving, record.Of(p, record.Decision{Outcome: record.OutcomeDeleted, Why: "left after the Job finished, not counted"}, metav1.NewTime(in.Now.Truncate(time.Second))))
+				if p.Status.Phase != corev1.PodSucceeded {
+					plan.Leaving = append(plan.Leaving, record.Of(p, record.Decision{Outcome: record.OutcomeDeleted, Why: "left after the Job finished, not counted"}, metav1.NewTime(in.Now.Truncate(time.Second))))
+				}
 			}
 		}
 		return plan

@@ -67,7 +67,8 @@ func (s *state) track() {
 				uncounted.Succeeded = append(uncounted.Succeeded, p.UID)
 				added++
 			}
-			s.leave(p, record.Decision{Outcome: record.OutcomeSucceeded})
+			// Not recorded: a success stays a pod (until its Job goes), the least telling
+			// of stories, and recording them would cost every successful Job writes.
 		case considerFailed || (s.finished != nil && s.finished.Type != batchv1.JobSuccessCriteriaMet):
 			r := policy.Match(job.Spec.PodFailurePolicy, p)
 			if s.uncountedFailed.Has(p.UID) {

@@ -1,6 +1,7 @@
 // Package record is the structured story of a Job's pods that coroner-shim keeps for
 // `coronerctl explain` (issue 21, item 1): for each pod that leaves the Job (its tracking
-// finalizer removed once it is counted, or deleted by the shim before it finished), one
+// finalizer removed once it is counted, or deleted by the shim before it finished; the
+// shim leaves successes out, see jobsync.Plan.Leaving), one
 // Entry with its last phase, its cause of death (conditions.Cause, the one cause coroner
 // tells everywhere), the failure decision (the podFailurePolicy rule and what it did) and
 // why the shim deleted it. Events stay for people; explain reads the record instead of

@@ -179,5 +179,20 @@ func recordNotes(job *batchv1.Job, rec *record.JobRecord, pods []PodReport) []st
 		}
 		notes = append(notes, fmt.Sprintf("status.failed is %d but %d counted failed pods are known (existing or recorded): the other %d %s", n, known, n-known, why))
 	}
+	// Successes are not recorded: say how many are gone.
+	succeeded := map[string]bool{}
+	for _, p := range pods {
+		if p.State != StateSucceeded {
+			continue
+		}
+		key := p.Name
+		if p.Index != nil {
+			key = fmt.Sprint(*p.Index) // an Indexed Job counts completed indexes
+		}
+		succeeded[key] = true
+	}
+	if n := int(job.Status.Succeeded) - len(succeeded); n > 0 {
+		notes = append(notes, fmt.Sprintf("status.succeeded is %d but %d succeeded pods exist: %d are gone, and coroner-shim records failures, ignored failures and deletions, not successes", job.Status.Succeeded, len(succeeded), n))
+	}
 	return notes
 }

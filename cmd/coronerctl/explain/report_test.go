@@ -211,6 +211,15 @@ func TestIncompleteStory(t *testing.T) {
 			t.Errorf("report = %+v, want no record and no pods", r)
 		}
 	})
+	t.Run("successes that are gone", func(t *testing.T) {
+		done := job.DeepCopy()
+		done.Status.Succeeded = 3
+		live := ownedPod(done, "crashy-ok", 0).Phase(corev1.PodSucceeded).ExitedContainer("main", 0).Obj()
+		r := Build(done, []*corev1.Pod{live}, objs[1].(*record.JobRecord))
+		assertLinesInOrder(t, strings.Join(r.Notes, "\n"), []string{
+			"status.succeeded is 3 but 1 succeeded pods exist: 2 are gone, and coroner-shim records failures, ignored failures and deletions, not successes",
+		})
+	})
 	t.Run("dropped past the bound", func(t *testing.T) {
 		rec := objs[1].(*record.JobRecord).DeepCopy()
 		rec.Pods = nil
