@@ -46,6 +46,9 @@ func (s *state) explainFailure(p *corev1.Pod, r policy.Result, ix int) {
 
 // consequence says what a failed pod did to the Job, for its Event and its record entry.
 func (s *state) consequence(p *corev1.Pod, r policy.Result, ix int) string {
+	if g, ok := s.growths(p); ok && r.RuleIndex == growthRule {
+		return "not counted: " + growthText(g)
+	}
 	switch {
 	case r.Action == batchv1.PodFailurePolicyActionIgnore:
 		return "not counted, the pod will be replaced"
@@ -70,7 +73,7 @@ func (s *state) decision(p *corev1.Pod, r policy.Result, ix int) record.Decision
 	if !r.CountsAsFailure() {
 		d.Outcome = record.OutcomeIgnored
 	}
-	if r.Matched() {
+	if r.Matched() && r.RuleIndex != growthRule {
 		d.Rule, d.Action = r.RuleIndex, r.Action
 	}
 	return d

@@ -14,7 +14,6 @@ import (
 
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/indexes"
-	"github.com/coroner-dev/coroner/shim/policy"
 )
 
 // decideFinish evaluates, in the built-in controller's order, whether the Job is heading
@@ -92,7 +91,7 @@ func (s *state) failJobMessage() (string, bool) {
 		if !isFailed(p, s.job) {
 			continue
 		}
-		if r := policy.Match(s.job.Spec.PodFailurePolicy, p); r.Action == batchv1.PodFailurePolicyActionFailJob {
+		if r := s.match(p); r.Action == batchv1.PodFailurePolicyActionFailJob {
 			return r.Message(p), true
 		}
 	}
@@ -137,7 +136,7 @@ func (s *state) indexFailed(p *corev1.Pod) bool {
 	if !isFailed(p, s.job) {
 		return false
 	}
-	r := policy.Match(s.job.Spec.PodFailurePolicy, p)
+	r := s.match(p)
 	if r.Action == batchv1.PodFailurePolicyActionFailIndex {
 		return true
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
-	"github.com/coroner-dev/coroner/shim/policy"
 	"github.com/coroner-dev/coroner/shim/record"
 )
 
@@ -94,9 +93,12 @@ func (s *state) manage() int32 {
 	}
 	diff = min(diff, MaxPodCreateDeletePerSync)
 	reason := s.createReason()
+	s.planMemory()
 	if !s.indexed {
 		for range diff {
-			s.plan.Create = append(s.plan.Create, PodCreate{Pod: newPod(job, noIndex, 0, 0), Reason: reason})
+			pod := newPod(job, noIndex, 0, 0)
+			s.giveMemory(pod, noIndex)
+			s.plan.Create = append(s.plan.Create, PodCreate{Pod: pod, Reason: reason})
 		}
 		return active + diff
 	}
@@ -120,13 +122,15 @@ func (s *state) manage() int32 {
 				s.plan.Events = append(s.plan.Events, Event{corev1.EventTypeWarning, EventReasonInvalidFailureCount,
 					fmt.Sprintf("%v: counted as 0 for the replacement of index %d", err, ix)})
 			}
-			if policy.Match(job.Spec.PodFailurePolicy, prev).CountsAsFailure() {
+			if s.match(prev).CountsAsFailure() {
 				failures++
 			} else {
 				ignored++
 			}
 		}
-		s.plan.Create = append(s.plan.Create, PodCreate{Pod: newPod(job, ix, failures, ignored), Reason: reason})
+		pod := newPod(job, ix, failures, ignored)
+		s.giveMemory(pod, ix)
+		s.plan.Create = append(s.plan.Create, PodCreate{Pod: pod, Reason: reason})
 	}
 	return active + int32(len(pending))
 }

@@ -157,6 +157,9 @@ type Observations struct {
 	// PodsFinished counts pods newly counted in status.succeeded/failed, by
 	// "succeeded"/"failed".
 	PodsFinished map[string]int
+	// MemoryGrowths counts the failures whose replacement gets more memory
+	// (coroner.dev/oom-memory-retry).
+	MemoryGrowths int
 	// JobFinished is set when this Plan adds the Complete or Failed condition.
 	JobFinished *JobFinished
 }

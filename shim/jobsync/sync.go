@@ -14,7 +14,7 @@ import (
 
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/indexes"
-	"github.com/coroner-dev/coroner/shim/policy"
+	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/record"
 )
 
@@ -61,6 +61,9 @@ type state struct {
 
 	finished *batchv1.JobCondition // the condition the Job is heading to, if any
 	requeue  time.Duration
+
+	memory  *memretry.Spec       // the Job's coroner.dev/oom-memory-retry, if valid
+	memPlan map[int]memoryChoice // the memory of new pods by index (memory.go)
 }
 
 // Sync decides what to do for in.Job. See the package documentation.
@@ -96,6 +99,7 @@ func Sync(in Input) Plan {
 		s.completions = int(*job.Spec.Completions)
 	}
 	s.perIndex = s.indexed && job.Spec.BackoffLimitPerIndex != nil
+	s.readMemoryRetry()
 	if s.status.UncountedTerminatedPods == nil {
 		s.status.UncountedTerminatedPods = &batchv1.UncountedTerminatedPods{}
 	}
@@ -117,7 +121,7 @@ func Sync(in Input) Plan {
 	s.succeeded = s.status.Succeeded + int32(len(newSucceeded)) + int32(s.uncountedSucceeded.Len())
 	s.failed = s.status.Failed + int32(s.uncountedFailed.Len())
 	for _, p := range newFailed {
-		if policy.Match(job.Spec.PodFailurePolicy, p).CountsAsFailure() {
+		if s.match(p).CountsAsFailure() {
 			s.failed++
 		}
 	}

@@ -13,7 +13,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/shim/backoff"
-	"github.com/coroner-dev/coroner/shim/policy"
 	"github.com/coroner-dev/coroner/shim/record"
 )
 
@@ -70,7 +69,7 @@ func (s *state) track() {
 			// Not recorded: a success stays a pod (until its Job goes), the least telling
 			// of stories, and recording them would cost every successful Job writes.
 		case considerFailed || (s.finished != nil && s.finished.Type != batchv1.JobSuccessCriteriaMet):
-			r := policy.Match(job.Spec.PodFailurePolicy, p)
+			r := s.match(p)
 			if s.uncountedFailed.Has(p.UID) {
 				break // counted, and recorded, by an earlier sync
 			}
@@ -87,7 +86,9 @@ func (s *state) track() {
 				uncounted.Failed = append(uncounted.Failed, p.UID)
 				added++
 			}
-			if considerFailed {
+			if g, grows := s.growths(p); grows && considerFailed {
+				s.explainGrowth(p, g, ix)
+			} else if considerFailed {
 				s.explainFailure(p, r, ix)
 			}
 			s.leave(p, s.decision(p, r, ix))

@@ -7,19 +7,26 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/policy"
 )
 
 // awaitVerdicts returns the pods as this sync sees them: a Failed pod whose OOM kill
-// still waits for the agent's verdict (policy.AwaitingVerdict) is seen as it was a moment
+// still waits for the agent's verdict (policy.AwaitingVerdict; for a Job with
+// coroner.dev/oom-memory-retry, policy.VerdictWait whatever its policy) is seen as it was a moment
 // before, Running: not counted, not replaced, its finalizer kept, until the verdict is in
 // or the wait is over. The second result is the shortest wait left, for a requeue. The
 // informer's pods are not modified: a waiting pod is a shallow copy with its own status.
 func awaitVerdicts(in Input) ([]*corev1.Pod, time.Duration) {
 	var pods []*corev1.Pod
 	var shortest time.Duration
+	_, growsMemory := in.Job.Annotations[memretry.Annotation]
 	for i, p := range in.Pods {
 		left := policy.AwaitingVerdict(in.Job, p, in.Now, in.VerdictWait)
+		if growsMemory {
+			// A growth is decided on the agent's verdict (coroner.dev/OOMKilled).
+			left = policy.VerdictWait(p, in.Now, in.VerdictWait)
+		}
 		if left <= 0 {
 			if pods != nil {
 				pods = append(pods, p)

@@ -125,6 +125,11 @@ type Metrics struct {
 	// with --recover-pods=all, of the other opted-in pods.
 	PodsRecovered *prometheus.CounterVec
 
+	// JobMemoryGrowths (coroner_job_memory_growths_total) counts the failed pods, killed at
+	// their own memory limit, whose replacement got more memory (coroner.dev/oom-memory-retry).
+	// Label: completion_mode.
+	JobMemoryGrowths *prometheus.CounterVec
+
 	// JobRecordWrites (coroner_job_record_writes_total) counts the shim's writes of
 	// JobRecords (package shim/record), by verb (create, patch, delete) and result
 	// (success, conflict, error); JobRecordBytes (coroner_job_record_bytes_total) the
@@ -223,6 +228,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name:      "pods_recovered_total",
 			Help:      "Pods the shim recovered from a node failure (of managed Jobs, and other opted-in pods with --recover-pods=all). action: ForceTerminate (zombie or fenced node), FailOrphan (node gone), ClearDisruption (stale DisruptionTarget), DeleteTerminal (terminal pod being deleted on an unreachable node); reason: NodeUnreachable, NodeFenced, DeletionByPodGC, StaleDisruptionTarget.",
 		}, []string{"action", "reason"}),
+		JobMemoryGrowths: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "job_memory_growths_total",
+			Help:      "Failed pods, killed at their own memory limit, whose replacement got more memory (coroner.dev/oom-memory-retry). completion_mode: Indexed, NonIndexed.",
+		}, []string{"completion_mode"}),
 		JobRecordWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace,
 			Name:      "job_record_writes_total",
@@ -249,6 +259,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.JobPodsCreation,
 		m.TerminatedPodsTrackingFinalizer,
 		m.ManagedJobs,
+		m.JobMemoryGrowths,
 		m.JobRecordWrites,
 		m.JobRecordBytes,
 		m.JobRecordEntries,
@@ -294,6 +305,9 @@ func (m *Metrics) Record(obs jobsync.Observations, completionMode, backoffLimit 
 		if n > 0 {
 			m.JobFinishedIndexes.WithLabelValues(status, backoffLimit).Add(float64(n))
 		}
+	}
+	if obs.MemoryGrowths > 0 {
+		m.JobMemoryGrowths.WithLabelValues(completionMode).Add(float64(obs.MemoryGrowths))
 	}
 	if f := obs.JobFinished; f != nil {
 		result := Failed

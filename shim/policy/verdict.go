@@ -29,7 +29,17 @@ import (
 // late does not wait again. Without a finishedAt there is nothing to count from: no wait.
 // A cluster without coroner's agent pays wait once per such failure; 0 turns it off.
 func AwaitingVerdict(job *batchv1.Job, pod *corev1.Pod, now time.Time, wait time.Duration) time.Duration {
-	if wait <= 0 || pod.Status.Phase != corev1.PodFailed || !readsConditions(job.Spec.PodFailurePolicy) {
+	if !readsConditions(job.Spec.PodFailurePolicy) {
+		return 0
+	}
+	return VerdictWait(pod, now, wait)
+}
+
+// VerdictWait is AwaitingVerdict without its first condition: how much longer a failed
+// pod that a container's OOM kill ended waits for the agent's verdict, whatever the Job's
+// policy (a Job that grows memory on its own-limit OOM kills reads the verdict too).
+func VerdictWait(pod *corev1.Pod, now time.Time, wait time.Duration) time.Duration {
+	if wait <= 0 || pod.Status.Phase != corev1.PodFailed {
 		return 0
 	}
 	for _, c := range pod.Status.Conditions {

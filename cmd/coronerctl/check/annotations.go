@@ -3,9 +3,12 @@ package check
 import (
 	"fmt"
 
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/memretry"
 )
 
 // lintOptIn checks the annotations that opt pods in to zombie recovery
@@ -49,4 +52,47 @@ func lintOptIn(elsewhere []annotationsAt, pod annotationsAt) []Finding {
 type annotationsAt struct {
 	annotations map[string]string
 	path        *field.Path
+}
+
+// lintMemoryRetry checks coroner.dev/oom-memory-retry (package shim/memretry) on a Job (at
+// its metadata path): a value that does not parse is an error (the shim ignores it and
+// says so once); a max below a memory limit of the template is an error (no pod could
+// ever grow); on a Job not handed to coroner-shim it has no effect, a warning; a template
+// without a memory limit to grow is a warning too.
+func lintMemoryRetry(at annotationsAt, spec *batchv1.JobSpec, managedBy string) []Finding {
+	v, ok := at.annotations[memretry.Annotation]
+	if !ok {
+		return nil
+	}
+	path := at.path.Key(memretry.Annotation).String()
+	s, err := memretry.Parse(v)
+	if err != nil {
+		return []Finding{{Severity: Error, Field: path, Message: err.Error()}}
+	}
+	var out []Finding
+	if spec.ManagedBy == nil || *spec.ManagedBy != managedBy {
+		out = append(out, Finding{Severity: Warning, Lint: true, Field: path,
+			Message: "has no effect: only coroner-shim grows memory, and spec.managedBy does not hand this Job to it (" + managedBy + ")"})
+	}
+	limited := false
+	tmpl := &spec.Template.Spec
+	for _, c := range tmpl.Containers {
+		if q, has := c.Resources.Limits[corev1.ResourceMemory]; has {
+			limited = true
+			if s.Max.Cmp(q) < 0 {
+				out = append(out, Finding{Severity: Error, Field: path,
+					Message: fmt.Sprintf("max %s is below container %s's memory limit of %s: no retry could grow it", s.Max.String(), c.Name, q.String())})
+			}
+		}
+	}
+	if tmpl.Resources != nil {
+		if _, has := tmpl.Resources.Limits[corev1.ResourceMemory]; has {
+			limited = true
+		}
+	}
+	if !limited {
+		out = append(out, Finding{Severity: Warning, Lint: true, Field: path,
+			Message: "no container of the template (nor the pod) has a memory limit: there is no limit to grow"})
+	}
+	return out
 }

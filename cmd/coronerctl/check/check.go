@@ -104,6 +104,7 @@ func Job(job *batchv1.Job, managedBy string) []Finding {
 	errs := validateJobMeta(&job.ObjectMeta, spec)
 	errs = append(errs, validateJobSpec(spec, field.NewPath("spec"))...)
 	out := append(fromFieldErrors(errs, ""), lint(spec, field.NewPath("spec"), managedBy)...)
+	out = append(out, lintMemoryRetry(annotationsAt{job.Annotations, field.NewPath("metadata", "annotations")}, spec, managedBy)...)
 	return append(out, lintOptIn(
 		[]annotationsAt{{job.Annotations, field.NewPath("metadata", "annotations")}},
 		annotationsAt{job.Spec.Template.Annotations, field.NewPath("spec", "template", "metadata", "annotations")})...)
@@ -120,6 +121,9 @@ func CronJob(cj *batchv1.CronJob, managedBy string) []Finding {
 		out = append(out, f)
 	}
 	jt := field.NewPath("spec", "jobTemplate")
+	for _, f := range lintMemoryRetry(annotationsAt{cj.Spec.JobTemplate.Annotations, jt.Child("metadata", "annotations")}, spec, managedBy) {
+		out = append(out, f)
+	}
 	return append(out, lintOptIn(
 		[]annotationsAt{
 			{cj.Annotations, field.NewPath("metadata", "annotations")},
