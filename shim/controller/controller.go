@@ -108,7 +108,11 @@ type Controller struct {
 	// jobRecords writes the Jobs' JobRecords (jobrecord.go); it has its own lock.
 	jobRecords *records
 
-	// mu guards records, written and urgent.
+	// memoryRefused maps a Job key to the indexes whose pod with grown memory the API
+	// server refused (jobsync.Input.MemoryRefused); guarded by mu.
+	memoryRefused map[string]map[int]string
+
+	// mu guards records, written, urgent and memoryRefused.
 	mu sync.Mutex
 	// records are the global backoff records of the Jobs, by Job UID.
 	records map[types.UID]backoff.Record
@@ -183,6 +187,7 @@ func New(ctx context.Context, client kubernetes.Interface, inf *informers.Inform
 		records:               map[types.UID]backoff.Record{},
 		written:               map[string]string{},
 		urgent:                map[string]time.Time{},
+		memoryRefused:         map[string]map[int]string{},
 		managed:               map[string]struct{}{},
 		finishedWithFinalizer: map[types.UID]struct{}{},
 		deletedJobs:           map[types.UID]time.Time{},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/jobsync"
+	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/metrics"
 )
 
@@ -51,6 +53,7 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 		c.expectations.forget(key)
 		c.jobRecords.forget(key)
 		c.mu.Lock()
+		delete(c.memoryRefused, key)
 		delete(c.written, key)
 		c.mu.Unlock()
 		return nil
@@ -107,6 +110,7 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 		Record:                 record,
 		ExpectationsSatisfied:  satisfied,
 		FinalizersBeingRemoved: beingRemoved,
+		MemoryRefused:          c.refusedMemory(key),
 		VerdictWait:            c.cfg.OOMVerdictWait,
 	})
 	if plan.Skip != "" {
@@ -317,6 +321,7 @@ func (c *Controller) createPods(ctx context.Context, key string, job *batchv1.Jo
 					return
 				}
 				failed[pc.Reason]++
+				c.noteRefusedMemory(key, job, pc.Pod, err)
 				logger.V(2).Info("Failed to create a pod", "reason", pc.Reason, "err", err)
 				c.recorder.Eventf(job, corev1.EventTypeWarning, conditions.EventReasonFailedCreate, "Error creating: %v", err)
 				errs = append(errs, fmt.Errorf("creating a pod: %w", err))
@@ -385,4 +390,50 @@ func (c *Controller) emit(job *batchv1.Job, events []jobsync.Event) {
 	for _, e := range events {
 		c.recorder.Event(job, e.Type, e.Reason, e.Message)
 	}
+}
+
+// noteRefusedMemory remembers, when the API server refused a pod given more memory
+// (coroner.dev/memory-given) because of a LimitRange or a ResourceQuota (403 Forbidden, or
+// 422 Invalid), that its index must not grow again: the next sync counts the failure as
+// without coroner.dev/oom-memory-retry. Said once, in a Warning Event.
+func (c *Controller) noteRefusedMemory(key string, job *batchv1.Job, pod *corev1.Pod, err error) {
+	given, ok := pod.Annotations[memretry.GivenAnnotation]
+	if !ok || !(apierrors.IsForbidden(err) || apierrors.IsInvalid(err)) {
+		return
+	}
+	ix := -1
+	if v, ok := pod.Annotations[batchv1.JobCompletionIndexAnnotation]; ok {
+		if n, perr := strconv.Atoi(v); perr == nil {
+			ix = n
+		}
+	}
+	c.mu.Lock()
+	if c.memoryRefused[key] == nil {
+		c.memoryRefused[key] = map[int]string{}
+	}
+	_, seen := c.memoryRefused[key][ix]
+	c.memoryRefused[key][ix] = err.Error()
+	c.mu.Unlock()
+	if !seen {
+		who := "the Job's next pod"
+		if ix >= 0 {
+			who = fmt.Sprintf("index %d", ix)
+		}
+		c.recorder.Eventf(job, corev1.EventTypeWarning, jobsync.EventReasonMemoryRefused,
+			"%s: the pod with more memory (%s) was refused: %v; its failure counts as without %s", who, given, err, memretry.Annotation)
+	}
+}
+
+// refusedMemory is a copy of the Job's refused indexes (nil when none).
+func (c *Controller) refusedMemory(key string) map[int]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.memoryRefused[key]) == 0 {
+		return nil
+	}
+	out := make(map[int]string, len(c.memoryRefused[key]))
+	for k, v := range c.memoryRefused[key] {
+		out[k] = v
+	}
+	return out
 }

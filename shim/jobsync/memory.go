@@ -21,6 +21,9 @@ import (
 const (
 	EventReasonMemoryGrown        = "MemoryGrown"
 	EventReasonInvalidMemoryRetry = "InvalidOOMMemoryRetry"
+	// EventReasonMemoryRefused is the reason of the Warning Event the controller emits
+	// when the API server refused a pod given more memory (Input.MemoryRefused).
+	EventReasonMemoryRefused = "MemoryGrowthRefused"
 )
 
 // growthRule marks, in a policy.Result, a failure that grows the memory instead of going
@@ -43,6 +46,13 @@ func (s *state) readMemoryRetry() {
 // is handled as without the annotation.
 func (s *state) growths(p *corev1.Pod) ([]memretry.Growth, bool) {
 	if s.memory == nil {
+		return nil, false
+	}
+	ix := noIndex
+	if s.indexed {
+		ix = completionIndex(p)
+	}
+	if _, refused := s.in.MemoryRefused[ix]; refused {
 		return nil, false
 	}
 	return memretry.Decide(*s.memory, p)
@@ -90,15 +100,15 @@ type memoryChoice struct {
 	why string
 }
 
-// planMemory fills s.memPlan: per index (noIndex for a NonIndexed Job), what the newest
-// failed pod of the index had, grown if its own limit killed it; for a NonIndexed Job, the
-// largest over its failed pods. Nothing without the opt-in.
+// planMemory fills s.memPlan: per index (noIndex for a NonIndexed Job), the largest
+// memory a failed pod of the index (of the Job) had, grown where its own limit killed it.
+// Memory only grows, so that is the newest pod's; pods' creation times, to the second,
+// cannot tell which of two quick retries is the newer. Nothing without the opt-in.
 func (s *state) planMemory() {
 	if s.memory == nil {
 		return
 	}
 	s.memPlan = map[int]memoryChoice{}
-	newest := map[int]*corev1.Pod{}
 	for _, p := range s.in.Pods {
 		if p.Status.Phase != corev1.PodFailed {
 			continue
@@ -107,20 +117,15 @@ func (s *state) planMemory() {
 		if s.indexed && ix == noIndex {
 			continue
 		}
-		if q, ok := newest[ix]; s.indexed && ok && !q.CreationTimestamp.Before(&p.CreationTimestamp) {
-			continue
-		}
-		newest[ix] = p
 		g, _ := s.growths(p)
 		c := memoryChoice{mem: memretry.MemoryOf(p).With(g), why: "as " + p.Name + " had"}
 		if len(g) > 0 {
 			c.why = p.Name + ": " + growthText(g)
 		}
-		if cur, ok := s.memPlan[ix]; ok && !s.indexed {
-			if len(g) == 0 {
-				c.why = cur.why
+		if cur, ok := s.memPlan[ix]; ok {
+			if merged := cur.mem.Max(c.mem); merged.String() != c.mem.String() {
+				c = memoryChoice{mem: merged, why: cur.why}
 			}
-			c.mem = cur.mem.Max(c.mem)
 		}
 		s.memPlan[ix] = c
 	}

@@ -220,3 +220,37 @@ func TestMemoryRetryWaitsForTheVerdict(t *testing.T) {
 		t.Errorf("created %d pods once stamped, want the grown replacement", len(plan.Create))
 	}
 }
+
+// TestMemoryRefused: when the API server refused the grown pod of an index (a LimitRange,
+// a ResourceQuota), its failure counts as without the annotation: no retry loop.
+func TestMemoryRefused(t *testing.T) {
+	j := withMemory(job(wrappers.MakeJob("j", "ns").Indexed().Completions(2).Parallelism(2).BackoffLimitPerIndex(0)), "24Mi", "")
+	j.Annotations = map[string]string{memretry.Annotation: "factor=2,max=1Gi"}
+	in := Input{Job: j, Pods: []*corev1.Pod{tracked(running("j-0-a").Index(0)), oomPod("j-1-a", 1, "24Mi", ownLimit)}, Now: now,
+		Backoff: backoff.Default, ExpectationsSatisfied: true, MemoryRefused: map[int]string{1: "forbidden: maximum memory usage per Container is 40Mi"}}
+	plan := Sync(in)
+	if len(plan.Create) != 0 || ptrString(plan.Status.FailedIndexes) != "1" || plan.Observations.MemoryGrowths != 0 {
+		t.Errorf("create %d, failedIndexes %q, growths %d: want index 1 failed as without the annotation",
+			len(plan.Create), ptrString(plan.Status.FailedIndexes), plan.Observations.MemoryGrowths)
+	}
+}
+
+// TestMemoryLadder: two kills of an index within one second (creation times tie): the
+// next pod grows from the larger memory, the newer pod's.
+func TestMemoryLadder(t *testing.T) {
+	j := withMemory(job(wrappers.MakeJob("j", "ns").Indexed().Completions(1)), "24Mi", "")
+	j.Annotations = map[string]string{memretry.Annotation: "factor=2,max=1Gi"}
+	second := oomPod("j-0-b", 0, "48Mi", ownLimit)
+	first := oomPod("j-0-a", 0, "24Mi", ownLimit)
+	for _, order := range [][]*corev1.Pod{{first, second}, {second, first}} {
+		plan := sync(j, order...)
+		if len(plan.Create) != 1 {
+			t.Fatalf("created %d pods", len(plan.Create))
+		}
+		p := plan.Create[0].Pod
+		if l := p.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory]; l.String() != "96Mi" ||
+			!strings.Contains(p.Annotations[memretry.GivenAnnotation], "j-0-b: container main OOM-killed at its limit of 48Mi") {
+			t.Errorf("next pod: limit %s, %q; want 96Mi grown from j-0-b", l.String(), p.Annotations[memretry.GivenAnnotation])
+		}
+	}
+}

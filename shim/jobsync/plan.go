@@ -64,6 +64,11 @@ type Input struct {
 	// FinalizersBeingRemoved are the UIDs of pods whose tracking finalizer removal was
 	// issued but not yet observed; Sync treats them as already without the finalizer.
 	FinalizersBeingRemoved sets.Set[types.UID]
+	// MemoryRefused are the completion indexes (noIndex, -1, for a NonIndexed Job) whose
+	// pod with grown memory the API server refused (a LimitRange, a ResourceQuota), with
+	// why: their failures count as without coroner.dev/oom-memory-retry, rather than
+	// being retried with a pod that cannot be made.
+	MemoryRefused map[int]string
 	// VerdictWait is how long a Failed pod whose container was OOM-killed waits for the
 	// agent's verdict (coroner.dev/OOMKilled or DisruptionTarget) when the Job's policy
 	// has a rule on pod conditions (policy.AwaitingVerdict); 0: no wait.

@@ -81,3 +81,48 @@ func TestMemoryRetry(t *testing.T) {
 		t.Errorf("%d pods, want 4: index 0, and index 1 at 24Mi, 48Mi, 64Mi", len(list.Items))
 	}
 }
+
+// TestMemoryRetryRefused: a LimitRange refuses the grown pod: said in a Warning Event, and
+// the failure counts as without the annotation (backoffLimitPerIndex 0 fails the index)
+// instead of a loop of refused creations.
+func TestMemoryRetryRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, controller.Config{})
+	ctx := context.Background()
+	if _, err := f.client.CoreV1().LimitRanges(f.ns).Create(ctx, &corev1.LimitRange{
+		ObjectMeta: metav1.ObjectMeta{Name: "small"},
+		Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{Type: corev1.LimitTypeContainer,
+			Max: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("40Mi")}}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	job := wrappers.MakeJob("refused", f.ns).Indexed().Completions(1).BackoffLimitPerIndex(0).Obj()
+	job.Annotations = map[string]string{memretry.Annotation: "factor=2,max=64Mi"}
+	job.Spec.Template.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("24Mi")}
+	job = f.createJob(&wrappers.JobWrapper{Job: *job})
+	pods := f.waitActive(job, 1, settle)
+	f.failPod(pods[0], 137, ownLimitOOM())
+	done := f.waitFinished(job, batchv1.JobFailed, settle)
+	if done.Status.FailedIndexes == nil || *done.Status.FailedIndexes != "0" || done.Status.Failed != 1 {
+		t.Errorf("failedIndexes %v, failed %d: want index 0 failed, the kill counted", done.Status.FailedIndexes, done.Status.Failed)
+	}
+	events, err := f.client.CoreV1().Events(f.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused, created := 0, 0
+	for _, e := range events.Items {
+		switch e.Reason {
+		case jobsync.EventReasonMemoryRefused:
+			refused++
+			if !strings.Contains(e.Message, "index 0: the pod with more memory (main=48Mi: ") || !strings.Contains(e.Message, "40Mi") {
+				t.Errorf("refusal Event %q", e.Message)
+			}
+		case conditions.EventReasonFailedCreate:
+			created += int(e.Count)
+		}
+	}
+	if refused != 1 || created > 2 {
+		t.Errorf("%d MemoryGrowthRefused Events, %d FailedCreate: want one refusal and no loop", refused, created)
+	}
+}
