@@ -15,6 +15,11 @@
 //   - New limits are rounded up to a whole MiB. Requests are raised only where they would
 //     exceed the new limit, and to the limit where they equalled it (a Guaranteed pod
 //     stays Guaranteed).
+//   - Only pods with restartPolicy Never are grown: with OnFailure the kubelet restarts the
+//     killed container in place and no new pod is made; resizing the running pod in place
+//     (pods/resize) was weighed and left, as the kubelet's crash-loop restarts would race
+//     the resize and a resize the node cannot fit stays pending with no failure to count
+//     (coronerctl check warns).
 //   - The grown memory follows an index (Indexed Jobs) or the Job (NonIndexed: every new
 //     pod takes the largest memory a failed pod of the Job was given) from the failed pods
 //     that still exist: a pod deleted by PodGC takes its growth with it.

@@ -94,5 +94,9 @@ func lintMemoryRetry(at annotationsAt, spec *batchv1.JobSpec, managedBy string) 
 		out = append(out, Finding{Severity: Warning, Lint: true, Field: path,
 			Message: "no container of the template (nor the pod) has a memory limit: there is no limit to grow"})
 	}
+	if tmpl.RestartPolicy == corev1.RestartPolicyOnFailure {
+		out = append(out, Finding{Severity: Warning, Lint: true, Field: path,
+			Message: "has no effect with restartPolicy OnFailure: the kubelet restarts the killed container in place, no new pod is made, and coroner-shim does not resize running pods; use restartPolicy Never"})
+	}
 	return out
 }

@@ -18,6 +18,7 @@ func TestMemoryRetryAnnotation(t *testing.T) {
 	for _, tc := range []struct {
 		name, value, limit string
 		managedBy          string
+		onFailure          bool
 		want               string // substring of the one finding, "" for none
 		wantSev            Severity
 		wantFail           bool
@@ -28,6 +29,7 @@ func TestMemoryRetryAnnotation(t *testing.T) {
 		{name: "max below the template's limit", value: "factor=2,max=16Mi", limit: "24Mi", managedBy: conditions.ManagedBy, want: "max 16Mi is below container main's memory limit of 24Mi", wantSev: Error, wantFail: true},
 		{name: "not coroner's", value: "factor=2,max=128Mi", limit: "24Mi", want: "has no effect: only coroner-shim grows memory", wantSev: Warning, wantFail: true},
 		{name: "no limit", value: "factor=2,max=128Mi", managedBy: conditions.ManagedBy, want: "there is no limit to grow", wantSev: Warning, wantFail: true},
+		{name: "restartPolicy OnFailure", value: "factor=2,max=128Mi", limit: "24Mi", managedBy: conditions.ManagedBy, onFailure: true, want: "has no effect with restartPolicy OnFailure", wantSev: Warning, wantFail: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := wrappers.MakeJob("j", "ns")
@@ -36,6 +38,9 @@ func TestMemoryRetryAnnotation(t *testing.T) {
 			}
 			job := w.Obj()
 			job.Annotations = map[string]string{memretry.Annotation: tc.value}
+			if tc.onFailure {
+				job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyOnFailure
+			}
 			if tc.limit != "" {
 				job.Spec.Template.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(tc.limit)}
 			}

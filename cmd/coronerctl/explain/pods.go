@@ -8,6 +8,7 @@ import (
 
 	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/memretry"
 )
 
 // startingReasons are the waiting reasons of a container on its normal way to running.
@@ -106,6 +107,9 @@ func classify(p *corev1.Pod) (PodState, string) {
 // the exit history of in-place restarts.
 func details(p *corev1.Pod) []Line {
 	var out []Line
+	if given, ok := p.Annotations[memretry.GivenAnnotation]; ok {
+		out = append(out, Line{"memory", "given " + given})
+	}
 	runtimeOOM := false
 	failed := p.Status.Phase == corev1.PodFailed
 	for _, cs := range allStatuses(p) {

@@ -2,6 +2,7 @@ package explain
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -9,11 +10,13 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/indexes"
+	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/policy"
 	"github.com/coroner-dev/coroner/shim/record"
 )
@@ -125,7 +128,10 @@ func podReport(job *batchv1.Job, p *corev1.Pod) PodReport {
 	if ix := podIndex(job, p); ix != noIndex {
 		pr.Index = &ix
 	}
-	if p.Status.Phase == corev1.PodFailed {
+	if g, grew := growth(job, p); grew {
+		pr.Rule = memretry.Annotation + ": " + g[0].String()
+		pr.Action = "not counted; the replacement gets more memory"
+	} else if p.Status.Phase == corev1.PodFailed {
 		res := policy.Match(job.Spec.PodFailurePolicy, p)
 		pr.Rule = ruleText(job, res)
 		pr.Action = actionText(job, p, podIndex(job, p), res, indexed(job) && job.Spec.BackoffLimitPerIndex != nil)
@@ -237,7 +243,7 @@ func indexStates(job *batchv1.Job, pods []*corev1.Pod) []IndexState {
 		if completions > maxIndexRows && len(ps) == 0 && !failed.Has(ix) {
 			continue
 		}
-		st := IndexState{Index: ix}
+		st := IndexState{Index: ix, Memory: memoryLadder(job, ps)}
 		active, terminating := false, false
 		for _, p := range ps {
 			state, _ := classify(p)
@@ -245,7 +251,7 @@ func indexStates(job *batchv1.Job, pods []*corev1.Pod) []IndexState {
 			f, _ := backoff.IndexFailureCount(p)
 			ig, _ := backoff.IndexIgnoredFailureCount(p)
 			if p.Status.Phase == corev1.PodFailed {
-				if policy.Match(job.Spec.PodFailurePolicy, p).CountsAsFailure() {
+				if _, grew := growth(job, p); !grew && policy.Match(job.Spec.PodFailurePolicy, p).CountsAsFailure() {
 					f++
 				} else {
 					ig++
@@ -281,4 +287,48 @@ func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// growth is the memory growth coroner-shim makes of a failed pod of a Job with
+// coroner.dev/oom-memory-retry (package shim/memretry, as the shim decides it).
+func growth(job *batchv1.Job, p *corev1.Pod) ([]memretry.Growth, bool) {
+	spec, err := memretry.ForJob(job.Annotations)
+	if err != nil || spec == nil {
+		return nil, false
+	}
+	return memretry.Decide(*spec, p)
+}
+
+// memoryLadder is, for a Job with coroner.dev/oom-memory-retry, the memory its pods of one
+// index were given, smallest first ("main=24Mi -> main=48Mi"); "" otherwise or when it
+// never grew.
+func memoryLadder(job *batchv1.Job, pods []*corev1.Pod) string {
+	if _, ok := job.Annotations[memretry.Annotation]; !ok {
+		return ""
+	}
+	var steps []memretry.Memory
+	for _, p := range pods {
+		m := memretry.MemoryOf(p)
+		if !slices.ContainsFunc(steps, func(x memretry.Memory) bool { return x.String() == m.String() }) {
+			steps = append(steps, m)
+		}
+	}
+	if len(steps) < 2 {
+		return ""
+	}
+	slices.SortFunc(steps, func(a, b memretry.Memory) int { return total(a).Cmp(*total(b)) })
+	var out []string
+	for _, m := range steps {
+		out = append(out, m.String())
+	}
+	return strings.Join(out, " -> ")
+}
+
+// total is the sum of a Memory's limits, to order the steps of a ladder.
+func total(m memretry.Memory) *resource.Quantity {
+	var q resource.Quantity
+	for _, v := range m {
+		q.Add(v)
+	}
+	return &q
 }

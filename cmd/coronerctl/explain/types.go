@@ -153,6 +153,9 @@ type IndexState struct {
 	Ignored  int32 `json:"ignored"`
 	// Pods are "name (phase)" of the index's existing pods.
 	Pods []string `json:"pods,omitempty"`
+	// Memory is, for a Job with coroner.dev/oom-memory-retry whose index grew, the memory
+	// its pods were given, smallest first: "main=24Mi -> main=48Mi".
+	Memory string `json:"memory,omitempty"`
 }
 
 // List holds several reports (kind List, as kubectl's).

@@ -3,6 +3,7 @@ package explain
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -139,8 +140,17 @@ func (r *Report) Write(out io.Writer) error {
 	if len(r.Indexes) > 0 {
 		w.printf("\nIndexes:\n")
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  INDEX\tSTATE\tFAILURES\tIGNORED\tPODS")
+		ladder := slices.ContainsFunc(r.Indexes, func(ix IndexState) bool { return ix.Memory != "" })
+		if ladder {
+			fmt.Fprintln(tw, "  INDEX\tSTATE\tFAILURES\tIGNORED\tMEMORY\tPODS")
+		} else {
+			fmt.Fprintln(tw, "  INDEX\tSTATE\tFAILURES\tIGNORED\tPODS")
+		}
 		for _, ix := range r.Indexes {
+			if ladder {
+				fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\t%s\t%s\n", ix.Index, ix.State, ix.Failures, ix.Ignored, orNone(ix.Memory), orNone(strings.Join(ix.Pods, ", ")))
+				continue
+			}
 			fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\t%s\n", ix.Index, ix.State, ix.Failures, ix.Ignored, orNone(strings.Join(ix.Pods, ", ")))
 		}
 		if err := tw.Flush(); err != nil {

@@ -9,7 +9,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 
+	"github.com/coroner-dev/coroner/cmd/coronerctl/explain"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/jobsync"
@@ -79,6 +81,27 @@ func TestMemoryRetry(t *testing.T) {
 	}
 	if len(list.Items) != 4 {
 		t.Errorf("%d pods, want 4: index 0, and index 1 at 24Mi, 48Mi, 64Mi", len(list.Items))
+	}
+
+	// explain shows the ladder, and which failures grew rather than counted.
+	r, err := explain.JobReport(ctx, explain.Client{Interface: f.client, Dynamic: dynamic.NewForConfigOrDie(f.env.Config)}, f.ns, job.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Indexes) != 2 || r.Indexes[1].Memory != "main=24Mi -> main=48Mi -> main=64Mi" || r.Indexes[1].Failures != 1 || r.Indexes[1].Ignored != 2 {
+		t.Errorf("explain's indexes = %+v, want index 1's ladder main=24Mi -> main=48Mi -> main=64Mi, 1 failure, 2 ignored", r.Indexes)
+	}
+	for _, p := range r.Pods {
+		switch p.Name {
+		case pods[1].Name:
+			if p.Rule != memretry.Annotation+": container main 24Mi -> 48Mi" || p.Action != "not counted; the replacement gets more memory" {
+				t.Errorf("explain of %s: rule %q, action %q", p.Name, p.Rule, p.Action)
+			}
+		case third.Name:
+			if p.Rule != "no podFailurePolicy" || !strings.HasPrefix(p.Action, "counted") {
+				t.Errorf("explain of %s (at max): rule %q, action %q", p.Name, p.Rule, p.Action)
+			}
+		}
 	}
 }
 
