@@ -398,7 +398,7 @@ func (c *Controller) emit(job *batchv1.Job, events []jobsync.Event) {
 // without coroner.dev/oom-memory-retry. Said once, in a Warning Event.
 func (c *Controller) noteRefusedMemory(key string, job *batchv1.Job, pod *corev1.Pod, err error) {
 	given, ok := pod.Annotations[memretry.GivenAnnotation]
-	if !ok || !(apierrors.IsForbidden(err) || apierrors.IsInvalid(err)) {
+	if !ok || (!apierrors.IsForbidden(err) && !apierrors.IsInvalid(err)) {
 		return
 	}
 	ix := -1

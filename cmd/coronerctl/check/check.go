@@ -121,9 +121,7 @@ func CronJob(cj *batchv1.CronJob, managedBy string) []Finding {
 		out = append(out, f)
 	}
 	jt := field.NewPath("spec", "jobTemplate")
-	for _, f := range lintMemoryRetry(annotationsAt{cj.Spec.JobTemplate.Annotations, jt.Child("metadata", "annotations")}, spec, managedBy) {
-		out = append(out, f)
-	}
+	out = append(out, lintMemoryRetry(annotationsAt{cj.Spec.JobTemplate.Annotations, jt.Child("metadata", "annotations")}, spec, managedBy)...)
 	return append(out, lintOptIn(
 		[]annotationsAt{
 			{cj.Annotations, field.NewPath("metadata", "annotations")},
