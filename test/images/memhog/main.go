@@ -1,11 +1,12 @@
 // Command memhog allocates memory until it is killed, for tests of OOM kills. It is built
 // statically (CGO_ENABLED=0) into the busybox test image as /bin/memhog.
 //
-//	memhog [-step-mib N] [-interval D] [-max-mib M] [-child]
+//	memhog [-step-mib N] [-interval D] [-max-mib M [-exit-after D]] [-child]
 //
 // Every interval it allocates step-mib MiB and writes to every page, so the memory is
 // resident and charged to the container's memory cgroup; it never frees. With -max-mib it
-// stops growing at M MiB and sleeps forever. With -child it runs the allocation in a
+// stops growing at M MiB and sleeps forever, or, with -exit-after, exits 0 that long after
+// it got there (a task that needs M MiB and then succeeds). With -child it runs the allocation in a
 // child process and waits for it: the child is the biggest process in the cgroup, so the
 // OOM killer picks it while memhog itself (PID 1 of the container) survives, reports how
 // the child ended on stderr, and sleeps until it is stopped. That is the "a child process
@@ -27,23 +28,34 @@ func main() {
 	interval := flag.Duration("interval", 20*time.Millisecond, "time between steps")
 	maxMiB := flag.Int("max-mib", 0, "stop growing at this many MiB (0: never)")
 	child := flag.Bool("child", false, "allocate in a child process and survive its death")
+	exitAfter := flag.Duration("exit-after", 0, "with -max-mib: exit 0 this long after reaching it (0: never)")
 	flag.Parse()
 
 	if *child {
 		runChild(*step, *interval, *maxMiB)
 		return
 	}
-	hog(*step, *interval, *maxMiB)
+	hog(*step, *interval, *maxMiB, *exitAfter)
 }
 
 // kept holds every allocation of hog, so that none is ever garbage: a package variable
 // stays reachable whatever the compiler makes of a local one nothing reads.
 var kept [][]byte
 
-// hog allocates and touches step MiB per interval, forever or up to max MiB.
-func hog(step int, interval time.Duration, maxMiB int) {
+// hog allocates and touches step MiB per interval, forever or up to max MiB; with
+// exitAfter it exits 0 that long after reaching max.
+func hog(step int, interval time.Duration, maxMiB int, exitAfter time.Duration) {
 	total := 0
+	var reached time.Time
 	for {
+		if maxMiB > 0 && total >= maxMiB && exitAfter > 0 {
+			if reached.IsZero() {
+				reached = time.Now()
+			} else if time.Since(reached) >= exitAfter {
+				fmt.Fprintf(os.Stderr, "memhog: held %d MiB for %v, done\n", total, exitAfter)
+				os.Exit(0)
+			}
+		}
 		if maxMiB == 0 || total < maxMiB {
 			b := make([]byte, step<<20)
 			for i := 0; i < len(b); i += 4096 {
