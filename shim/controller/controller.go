@@ -204,14 +204,7 @@ func (c *Controller) informers() []cache.SharedIndexInformer {
 }
 
 // HasSynced reports whether the informers the controller reads have synced.
-func (c *Controller) HasSynced() bool {
-	for _, i := range c.informers() {
-		if !i.HasSynced() {
-			return false
-		}
-	}
-	return true
-}
+func (c *Controller) HasSynced() bool { return informers.Synced(c.informers()...) }
 
 // Run waits for the caches it reads to sync (the caller starts the informers), and runs
 // the workers until ctx is done. Then it shuts the queues down and waits for every worker
@@ -223,31 +216,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer utilruntime.HandleCrash()
 	logger := klog.FromContext(ctx)
 	logger.Info("Starting the Job controller", "managedBy", c.cfg.ManagedBy, "workers", c.cfg.Workers)
-
-	var wg sync.WaitGroup
-	defer func() {
-		logger.Info("Shutting down the Job controller")
-		c.queue.ShutDown()
-		c.orphanQueue.ShutDown()
-		wg.Wait()
-	}()
-	if !informers.WaitForCacheSync(ctx, c.informers()...) {
-		return fmt.Errorf("the Job and Pod caches did not sync: %w", context.Cause(ctx))
-	}
-
-	work := context.WithoutCancel(ctx)
-	for range c.cfg.Workers {
-		wg.Go(func() {
-			for queue.ProcessNext(ctx, work, c.queue, c.sync, "Syncing the Job", "job") {
-			}
-		})
-		wg.Go(func() {
-			for queue.ProcessNext(ctx, work, c.orphanQueue, c.syncOrphanPod, "Removing the tracking finalizer of an orphan pod", "pod") {
-			}
-		})
-	}
-	<-ctx.Done()
-	return nil
+	defer logger.Info("Shut down the Job controller")
+	return queue.Serve(ctx, c.cfg.Workers, func() error {
+		if !informers.WaitForCacheSync(ctx, c.informers()...) {
+			return fmt.Errorf("the Job and Pod caches did not sync: %w", context.Cause(ctx))
+		}
+		return nil
+	},
+		queue.Worker{Queue: c.queue, Handle: c.sync, What: "Syncing the Job", Kind: "job"},
+		queue.Worker{Queue: c.orphanQueue, Handle: c.syncOrphanPod, What: "Removing the tracking finalizer of an orphan pod", Kind: "pod"})
 }
 
 // ours reports whether the controller manages job (S1).

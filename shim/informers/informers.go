@@ -157,6 +157,17 @@ func (i *Informers) Shutdown() {
 	}
 }
 
+// Synced reports whether every one of the informers has synced (a controller's
+// HasSynced, for /readyz).
+func Synced(informers ...cache.SharedIndexInformer) bool {
+	for _, i := range informers {
+		if !i.HasSynced() {
+			return false
+		}
+	}
+	return true
+}
+
 // WaitForCacheSync waits until the given informers have synced; false when ctx was done
 // first.
 func WaitForCacheSync(ctx context.Context, informers ...cache.SharedIndexInformer) bool {

@@ -6,6 +6,7 @@ package queue
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -51,4 +52,41 @@ func ProcessNext(stop, work context.Context, q Queue, handle func(context.Contex
 	}
 	q.Forget(key)
 	return true
+}
+
+// Worker is one kind of work of a controller: the keys of Queue, handled by Handle (What
+// and Kind name it in logs, see ProcessNext).
+type Worker struct {
+	Queue      Queue
+	Handle     func(context.Context, string) error
+	What, Kind string
+}
+
+// Serve runs a controller's workers: once synced (which waits for the caches the
+// controller reads) says they are in, n goroutines per Worker until ctx is done. Then, or
+// when synced fails, it shuts the queues down and waits for the goroutines to finish the
+// key they are on: the handling runs with a context ctx's cancellation does not reach, so
+// that stopping never cuts the writes of one key in half. It returns synced's error.
+func Serve(ctx context.Context, n int, synced func() error, workers ...Worker) error {
+	var wg sync.WaitGroup
+	defer func() {
+		for _, w := range workers {
+			w.Queue.ShutDown()
+		}
+		wg.Wait()
+	}()
+	if err := synced(); err != nil {
+		return err
+	}
+	work := context.WithoutCancel(ctx)
+	for range n {
+		for _, w := range workers {
+			wg.Go(func() {
+				for ProcessNext(ctx, work, w.Queue, w.Handle, w.What, w.Kind) {
+				}
+			})
+		}
+	}
+	<-ctx.Done()
+	return nil
 }

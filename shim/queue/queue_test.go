@@ -3,9 +3,11 @@ package queue
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -62,4 +64,48 @@ func TestProcessNext(t *testing.T) {
 	if ProcessNext(ctx, ctx, q, handle, "Testing", "pod") {
 		t.Error("ProcessNext = true on a shut-down queue")
 	}
+}
+
+// TestServe: the workers handle the keys once the caches are in, a cancelled ctx stops
+// them after the key in hand (its handling is not cancelled), and the queues are shut down
+// also when the caches never synced.
+func TestServe(t *testing.T) {
+	t.Run("caches never synced", func(t *testing.T) {
+		q := New("serve-unsynced", clock.RealClock{})
+		err := Serve(context.Background(), 2, func() error { return errors.New("did not sync") },
+			Worker{Queue: q, Handle: func(context.Context, string) error { return nil }, What: "x", Kind: "k"})
+		if err == nil || !q.ShuttingDown() {
+			t.Errorf("Serve = %v, queue shutting down %v; want the error and the queue shut down", err, q.ShuttingDown())
+		}
+	})
+	t.Run("handles, then stops after the key in hand", func(t *testing.T) {
+		q := New("serve", clock.RealClock{})
+		ctx, cancel := context.WithCancel(context.Background())
+		started, release := make(chan string, 4), make(chan struct{})
+		var handled atomic.Int32
+		handle := func(work context.Context, key string) error {
+			started <- key
+			<-release
+			if work.Err() != nil {
+				t.Errorf("the handling of %s was cancelled with ctx", key)
+			}
+			handled.Add(1)
+			return nil
+		}
+		done := make(chan error, 1)
+		go func() {
+			done <- Serve(ctx, 1, func() error { return nil }, Worker{Queue: q, Handle: handle, What: "x", Kind: "k"})
+		}()
+		q.Add("ns/a")
+		<-started
+		q.Add("ns/b")
+		cancel()
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if handled.Load() != 1 || !q.ShuttingDown() {
+			t.Errorf("handled %d keys, shutting down %v; want ns/a handled to its end and nothing after", handled.Load(), q.ShuttingDown())
+		}
+	})
 }

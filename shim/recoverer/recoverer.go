@@ -144,14 +144,7 @@ func (r *Recoverer) informers() []cache.SharedIndexInformer {
 }
 
 // HasSynced reports whether the informers the recoverer reads have synced.
-func (r *Recoverer) HasSynced() bool {
-	for _, i := range r.informers() {
-		if !i.HasSynced() {
-			return false
-		}
-	}
-	return true
-}
+func (r *Recoverer) HasSynced() bool { return informers.Synced(r.informers()...) }
 
 // Run waits for the caches it reads to sync (the caller starts the informers), and runs
 // the workers until ctx is done. Then it shuts its queue down and waits for every worker
@@ -162,24 +155,13 @@ func (r *Recoverer) Run(ctx context.Context) error {
 	defer utilruntime.HandleCrash()
 	logger := klog.FromContext(ctx)
 	logger.Info("Starting node-failure recovery", "recoverPods", r.cfg.RecoverPods, "agentNamespace", r.inf.AgentNamespace, "workers", r.cfg.Workers)
-	var wg sync.WaitGroup
-	defer func() {
-		logger.Info("Shutting down node-failure recovery")
-		r.queue.ShutDown()
-		wg.Wait()
-	}()
-	if !informers.WaitForCacheSync(ctx, r.informers()...) {
-		return fmt.Errorf("the Job, Pod, Node and Lease caches of node-failure recovery did not sync: %w", context.Cause(ctx))
-	}
-	work := context.WithoutCancel(ctx)
-	for range r.cfg.Workers {
-		wg.Go(func() {
-			for queue.ProcessNext(ctx, work, r.queue, r.recoverPod, "Recovering a pod from a node failure", "pod") {
-			}
-		})
-	}
-	<-ctx.Done()
-	return nil
+	defer logger.Info("Shut down node-failure recovery")
+	return queue.Serve(ctx, r.cfg.Workers, func() error {
+		if !informers.WaitForCacheSync(ctx, r.informers()...) {
+			return fmt.Errorf("the Job, Pod, Node and Lease caches of node-failure recovery did not sync: %w", context.Cause(ctx))
+		}
+		return nil
+	}, queue.Worker{Queue: r.queue, Handle: r.recoverPod, What: "Recovering a pod from a node failure", Kind: "pod"})
 }
 
 // addHandlers registers the event handlers on the informers.
