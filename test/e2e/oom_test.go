@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/test/images"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
@@ -167,6 +168,14 @@ echo "attempt after a node OOM: done"`, args)
 		Indexed().Completions(1).BackoffLimitPerIndex(1).
 		PodFailurePolicy(oomPolicy()...).
 		Command("sh", "-c", script).Obj()), node)
+	// Opted in to retry with more memory (issue 22): a node OOM must not grow anything. The
+	// limit is above what memhog reaches; the request is small, for the scheduler.
+	limit := "2Gi"
+	if isVM(node) {
+		limit = "1Gi"
+	}
+	withResources(j, quantities("memory", "16Mi"), quantities("memory", limit))
+	j.Annotations = map[string]string{memretry.Annotation: "factor=2,max=8Gi"}
 	createJob(ctx, t, j)
 	first := waitRunning(ctx, t, ns, j.Name, 1, budget(node, time.Minute))[0]
 	time.Sleep(2 * time.Second) // let it grow past everything else on the node
@@ -188,6 +197,11 @@ echo "attempt after a node OOM: done"`, args)
 	pods := jobPods(ctx, t, ns, j.Name)
 	if len(pods) != 2 || pods[1].Annotations[batchv1.JobIndexIgnoredFailureCountAnnotation] != "1" {
 		t.Errorf("want 2 pods, the second with %s=1; got %d", batchv1.JobIndexIgnoredFailureCountAnnotation, len(pods))
+	}
+	for _, p := range pods {
+		if q := p.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory]; q.String() != limit || p.Annotations[memretry.GivenAnnotation] != "" {
+			t.Errorf("pod %s: memory limit %s, %s %q: a node OOM grew the memory", p.Name, q.String(), memretry.GivenAnnotation, p.Annotations[memretry.GivenAnnotation])
+		}
 	}
 	wantEvent(ctx, t, ns, j.Name, conditions.EventReasonPodFailurePolicy, conditions.ReasonNodeOOMKill, "Ignore")
 	noOtherNodeOOMStamps(ctx, t, &first, squeezed)
