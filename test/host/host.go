@@ -190,7 +190,7 @@ func RemoveCgroup(name string) []string {
 	return left
 }
 
-// Alive reports whether pid exists and is not a zombie.
+// Alive reports whether pid exists and is not a zombie whose every thread has exited.
 func Alive(pid int) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
@@ -198,7 +198,14 @@ func Alive(pid int) bool {
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+	if i < 0 || i+2 >= len(s) || s[i+2] != 'Z' {
+		return true
+	}
+	// A zombie leader: the process is gone once no other thread of it is left. Threads
+	// still exiting hold its files, its listening sockets among them (chaos-test saw a
+	// restarted kube-apiserver fail to bind the port of one whose leader was a zombie).
+	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	return err == nil && len(tasks) > 1
 }
 
 // KillAll sends SIGKILL to every pid.

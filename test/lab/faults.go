@@ -96,6 +96,11 @@ func (c Config) restartProc(name string, sig syscall.Signal, grace, downFor time
 			return r, fmt.Errorf("%s (pid %d) did not die", name, p.PID)
 		}
 	}
+	// Every thread gone, not only the leader: a thread still exiting holds the old
+	// process's sockets, and the new one could not bind its port.
+	if !host.WaitGone([]int{p.PID}, 30*time.Second) {
+		return r, fmt.Errorf("%s (pid %d): threads of it still exiting after 30s", name, p.PID)
+	}
 	time.Sleep(downFor)
 	np, err := startDaemon(name, bin, args[1:], p.Log, nsPath)
 	if err != nil {
