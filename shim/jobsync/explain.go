@@ -76,6 +76,9 @@ func (s *state) decision(p *corev1.Pod, r policy.Result, ix int) record.Decision
 	if r.Matched() && r.RuleIndex != growthRule {
 		d.Rule, d.Action = r.RuleIndex, r.Action
 	}
+	if g, ok := s.growths(p); ok && r.RuleIndex == growthRule {
+		d.Grown = g[0].String()
+	}
 	return d
 }
 

@@ -64,6 +64,10 @@ type Entry struct {
 	// action; nil and empty when no rule matched.
 	Rule   *int32                         `json:"rule,omitempty"`
 	Action batchv1.PodFailurePolicyAction `json:"action,omitempty"`
+	// Grown is, for a failure that grew the memory of its replacement
+	// (coroner.dev/oom-memory-retry) instead of going to the pod failure policy, what grew:
+	// "container main 24Mi -> 48Mi".
+	Grown string `json:"grown,omitempty"`
 	// Consequence is what the failure did to the Job, as the shim's Event said it ("index
 	// 2 failed", "counts towards the backoff limit"); empty for other outcomes.
 	Consequence string `json:"consequence,omitempty"`
@@ -97,6 +101,8 @@ type Decision struct {
 	Action batchv1.PodFailurePolicyAction
 	// Consequence is what a failure did to the Job, in the words of the shim's Event.
 	Consequence string
+	// Grown says what grew when the failure grew its replacement's memory.
+	Grown string
 	// Why is the shim's reason for deleting the pod, if it did.
 	Why string
 }
@@ -104,7 +110,7 @@ type Decision struct {
 // Of is the entry for p (not modified) as it leaves the Job with decision d, recorded at
 // now.
 func Of(p *corev1.Pod, d Decision, now metav1.Time) Entry {
-	e := Entry{Name: p.Name, Node: p.Spec.NodeName, Phase: p.Status.Phase, Outcome: d.Outcome, Consequence: d.Consequence, Why: d.Why, Recorded: now}
+	e := Entry{Name: p.Name, Node: p.Spec.NodeName, Phase: p.Status.Phase, Outcome: d.Outcome, Grown: d.Grown, Consequence: d.Consequence, Why: d.Why, Recorded: now}
 	if ix, ok := completionIndex(p); ok {
 		e.Index = &ix
 	}

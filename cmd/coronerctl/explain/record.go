@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/policy"
 	"github.com/coroner-dev/coroner/shim/record"
 )
@@ -119,6 +120,8 @@ func entryOutcome(e record.Entry) string {
 // entryRule is the rule that matched a recorded failure, in the words of ruleText.
 func entryRule(job *batchv1.Job, e record.Entry) string {
 	switch {
+	case e.Grown != "":
+		return memretry.Annotation + ": " + e.Grown
 	case e.Rule != nil:
 		return fmt.Sprintf("rule %d (%s)", *e.Rule, e.Action)
 	case job.Spec.PodFailurePolicy == nil || len(job.Spec.PodFailurePolicy.Rules) == 0:

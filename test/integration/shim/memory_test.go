@@ -97,6 +97,11 @@ func TestMemoryRetry(t *testing.T) {
 			if p.Rule != memretry.Annotation+": container main 24Mi -> 48Mi" || p.Action != "not counted; the replacement gets more memory" {
 				t.Errorf("explain of %s: rule %q, action %q", p.Name, p.Rule, p.Action)
 			}
+			// The JobRecord kept what grew (the CRD's schema has the field: an unknown one
+			// would be pruned).
+			if len(p.Decisions) != 1 || !strings.Contains(p.Decisions[0], "failed, not counted") || !strings.Contains(p.Decisions[0], memretry.Annotation+": container main 24Mi -> 48Mi") {
+				t.Errorf("explain's record of %s: %q", p.Name, p.Decisions)
+			}
 		case third.Name:
 			if p.Rule != "no podFailurePolicy" || !strings.HasPrefix(p.Action, "counted") {
 				t.Errorf("explain of %s (at max): rule %q, action %q", p.Name, p.Rule, p.Action)
