@@ -201,11 +201,11 @@ func (r *records) count(verb string, err error) {
 var errUnreadable = errors.New("unreadable JobRecord")
 
 func fromUnstructured(u *unstructured.Unstructured) (*record.JobRecord, error) {
-	var o record.JobRecord
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &o); err != nil {
-		return nil, fmt.Errorf("%w %s/%s: %w", errUnreadable, u.GetNamespace(), u.GetName(), err)
+	o, err := record.FromUnstructured(u)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUnreadable, err)
 	}
-	return &o, nil
+	return o, nil
 }
 
 // recordRetriable says whether a failed record write may succeed if tried again: a

@@ -2,11 +2,13 @@ package record
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -159,4 +161,13 @@ func (e Entry) DeepCopy() Entry {
 		c.Finished = e.Finished.DeepCopy()
 	}
 	return c
+}
+
+// FromUnstructured reads a JobRecord as a dynamic client returns it.
+func FromUnstructured(u *unstructured.Unstructured) (*JobRecord, error) {
+	var o JobRecord
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &o); err != nil {
+		return nil, fmt.Errorf("reading the JobRecord %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+	}
+	return &o, nil
 }

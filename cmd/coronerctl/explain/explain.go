@@ -23,7 +23,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
@@ -312,15 +311,7 @@ func jobRecord(ctx context.Context, client Client, namespace, name string) (*rec
 	if err != nil {
 		return nil, fmt.Errorf("reading the JobRecord %s/%s: %w", namespace, name, err)
 	}
-	return fromUnstructured(u)
-}
-
-func fromUnstructured(u *unstructured.Unstructured) (*record.JobRecord, error) {
-	var o record.JobRecord
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &o); err != nil {
-		return nil, fmt.Errorf("reading the JobRecord %s/%s: %w", u.GetNamespace(), u.GetName(), err)
-	}
-	return &o, nil
+	return record.FromUnstructured(u)
 }
 
 // managedJobs reports every Job handed to coroner-shim in the namespace ("" for all).
@@ -386,7 +377,7 @@ func gonePod(ctx context.Context, client Client, namespace, name string, notFoun
 		return nil, fmt.Errorf("listing the JobRecords of %s: %w", namespace, err)
 	}
 	for i := range list.Items {
-		rec, err := fromUnstructured(&list.Items[i])
+		rec, err := record.FromUnstructured(&list.Items[i])
 		if err != nil {
 			return nil, err
 		}
