@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"sort"
 	"strconv"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -76,12 +77,20 @@ func checkStormJob(s stormJob, j *batchv1.Job, truth jobTruth, pods []*corev1.Po
 	if u := j.Status.UncountedTerminatedPods; u != nil && (len(u.Failed) > 0 || len(u.Succeeded) > 0) && fc != nil {
 		c.problem("uncountedTerminatedPods left: %d failed, %d succeeded", len(u.Failed), len(u.Succeeded))
 	}
-	if d := int(j.Status.Failed) - truthFailures; d > 0 {
+	unrec := unrecordedFailures(truth, pods)
+	want := truthFailures + len(unrec)
+	if int(j.Status.Failed) > want {
+		d := int(j.Status.Failed) - want
 		c.Double += d
-		c.problem("status.failed %d, but %d attempts failed: %d counted twice", j.Status.Failed, truthFailures, d)
-	} else if d < 0 {
-		c.Lost += -d
-		c.problem("status.failed %d, but %d attempts failed: %d lost", j.Status.Failed, truthFailures, -d)
+		c.problem("status.failed %d, but %d attempts failed (%d more pods ended without an exit of their own: %v): %d counted twice",
+			j.Status.Failed, truthFailures, len(unrec), unrec, d)
+	} else if d := want - int(j.Status.Failed); d > 0 {
+		c.Lost += d
+		c.problem("status.failed %d, but %d attempts failed and %d more pods ended without an exit of their own: %d lost",
+			j.Status.Failed, truthFailures, len(unrec), d)
+	}
+	if len(unrec) > 0 {
+		c.Notes = append(c.Notes, fmt.Sprintf("%d pods ended without an exit of their own, each counted as a failure once: %v", len(unrec), unrec))
 	}
 
 	// Per index: the failures the succeeding pod carries, and how many pods succeeded.
@@ -135,6 +144,30 @@ func checkStormJob(s stormJob, j *batchv1.Job, truth jobTruth, pods []*corev1.Po
 		c.Notes = append(c.Notes, fmt.Sprintf("%d pods created that never started their command (deleted before, or still pending)", extra))
 	}
 	return c
+}
+
+// unrecordedFailures names the pods that did not succeed and never recorded an exit of their
+// own command: a pod whose container the runtime failed to start (StartError while its
+// containerd restarted), or one deleted before it ran or while it ran (the Job's end deletes
+// its active pods). Such a pod is a failure the Job counts once, as the built-in controller
+// does, and that no attempt in the truth files stands for.
+func unrecordedFailures(truth jobTruth, pods []*corev1.Pod) []string {
+	exited := map[string]bool{}
+	for _, as := range truth {
+		for _, a := range as {
+			if a.Exited {
+				exited[a.Pod] = true
+			}
+		}
+	}
+	var out []string
+	for _, p := range pods {
+		if p.Status.Phase != corev1.PodSucceeded && !exited[p.Name] {
+			out = append(out, p.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 func finishedOK(j *batchv1.Job) bool {

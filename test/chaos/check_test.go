@@ -62,6 +62,12 @@ func TestCheckStormJob(t *testing.T) {
 			j.Status.FailedIndexes = ptr.To("1")
 			return j
 		}(), truth: truth, pods: pods("1"), wantProblem: "ended Failed"},
+		{name: "a pod that never started its command counts once", job: finishedJob(2, 2, batchv1.JobComplete), truth: truth,
+			pods: append(pods("1"), indexPod("e", 1, corev1.PodFailed, ""))},
+		{name: "a pod that never started its command counted twice", job: finishedJob(2, 3, batchv1.JobComplete), truth: truth,
+			pods: append(pods("1"), indexPod("e", 1, corev1.PodFailed, "")), wantDouble: 1, wantProblem: "counted twice"},
+		{name: "a pod deleted before it ran not counted", job: finishedJob(2, 1, batchv1.JobComplete), truth: truth,
+			pods: append(pods("1"), indexPod("e", 1, corev1.PodPending, "")), wantLost: 1, wantProblem: "1 lost"},
 		{name: "index ran twice at once", job: finishedJob(2, 1, batchv1.JobComplete), truth: jobTruth{
 			0: truth[0],
 			1: {{Pod: "c", Start: 1, End: 5, Exited: true}, {Pod: "d", Start: 4.5, End: 5.5}},
@@ -88,5 +94,37 @@ func TestIndexRange(t *testing.T) {
 		if got := indexRange(n); got != want {
 			t.Errorf("indexRange(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// TestRejudge is the containerd-restart scenario's count after the runtime rewrote an exit 0
+// as 255: a CI run's Job failed that way with two pods created but not yet started, which
+// it deleted and counted as failures as the built-in controller does.
+func TestRejudge(t *testing.T) {
+	s := stormJob{Name: "j", Completions: 2}
+	// Index 0 exited 0, the runtime said 255: the index failed (backoffLimitPerIndex 0 here)
+	// and the Job with it; index 1's pod was pending and deleted at the Job's end.
+	truth := jobTruth{0: {{Pod: "a", Start: 1, End: 3, Exited: true, Code: 0}}}
+	pods := []*corev1.Pod{indexPod("a", 0, corev1.PodFailed, ""), indexPod("b", 1, corev1.PodPending, "")}
+	failed := func(n int32) *batchv1.Job {
+		j := finishedJob(2, n, batchv1.JobFailed)
+		j.Status.Succeeded = 0
+		return j
+	}
+	for _, tc := range []struct {
+		name                 string
+		job                  *batchv1.Job
+		wantLost, wantDouble int
+	}{
+		{name: "the rewritten exit and the deleted pod, once each", job: failed(2)},
+		{name: "one counted twice", job: failed(3), wantDouble: 1},
+		{name: "the deleted pod not counted", job: failed(1), wantLost: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rejudge(jobCheck{}, s, tc.job, truth, pods, map[int]int{0: 1})
+			if c.Lost != tc.wantLost || c.Double != tc.wantDouble {
+				t.Errorf("lost %d double %d, want %d %d (%v)", c.Lost, c.Double, tc.wantLost, tc.wantDouble, c.Problems)
+			}
+		})
 	}
 }

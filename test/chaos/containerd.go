@@ -138,10 +138,14 @@ func rejudge(c jobCheck, s stormJob, j *batchv1.Job, truth jobTruth, pods []*cor
 		out.problem("the Job did not finish")
 		return out
 	}
-	want := truth.failures() + extra
+	// Pods that ended without an exit of their own (never started, or deleted as the Job
+	// failed) are each one failure more.
+	unrec := unrecordedFailures(truth, pods)
+	want := truth.failures() + extra + len(unrec)
 	if d := int(j.Status.Failed) - want; d > 0 {
 		out.Double += d
-		out.problem("status.failed %d, %d failures reported by the runtime: %d counted twice", j.Status.Failed, want, d)
+		out.problem("status.failed %d, %d failures reported by the runtime (%d of pods that ended without an exit of their own: %v): %d counted twice",
+			j.Status.Failed, want, len(unrec), unrec, d)
 	} else if d < 0 {
 		out.Lost += -d
 		out.problem("status.failed %d, %d failures reported by the runtime: %d lost", j.Status.Failed, want, -d)
