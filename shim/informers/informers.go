@@ -10,7 +10,7 @@
 //
 //   - Jobs: every Job (spec.managedBy cannot be selected on).
 //   - Pods: the pods that carry the batch.kubernetes.io/controller-uid label, which every
-//     Job's pod has, whole (the Job sync reads them), indexed by the UID of their
+//     Job's pod has, stripped by StripJobPod to what the Job sync reads, indexed by the UID of their
 //     controlling Job (ControllerUIDIndex), by the label's value when they have no
 //     controller (OrphanUIDIndex) and by node (NodeNameIndex).
 //   - OtherPods: every other pod ("!batch.kubernetes.io/controller-uid"), stripped by
@@ -21,7 +21,9 @@
 //
 // The Job and pod caches do not keep managedFields, which nothing here reads
 // (kube-controller-manager drops them too): they are about a third of a pod's memory. A
-// status Update of a Job without them leaves the stored managedFields as they are.
+// status Update of a Job without them leaves the stored managedFields as they are. Nothing
+// writes a pod from the cache whole: pods are patched (finalizers, owner references,
+// conditions) or deleted, so what StripJobPod drops is never written back.
 package informers
 
 import (
@@ -76,7 +78,7 @@ type Informers struct {
 
 	Jobs      cache.SharedIndexInformer
 	JobLister batchlisters.JobLister
-	// Pods are the Jobs' pods (whole, without managedFields).
+	// Pods are the Jobs' pods, stripped (StripJobPod).
 	Pods      cache.SharedIndexInformer
 	PodLister corelisters.PodLister
 	// OtherPods are the pods that are not Jobs' pods, stripped (StripForRecovery).
@@ -101,7 +103,7 @@ func New(client kubernetes.Interface, cfg Config) *Informers {
 		kinformers.WithTransform(stripManagedFields))
 	podFactory := kinformers.NewSharedInformerFactoryWithOptions(client, 0,
 		kinformers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = batchv1.ControllerUidLabel }),
-		kinformers.WithTransform(stripManagedFields))
+		kinformers.WithTransform(StripJobPod))
 	otherPodFactory := kinformers.NewSharedInformerFactoryWithOptions(client, 0,
 		kinformers.WithNamespace(cfg.OtherPodsNamespace),
 		kinformers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + batchv1.ControllerUidLabel }),

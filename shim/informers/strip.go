@@ -13,7 +13,7 @@ import (
 // Why OtherPods is stripped. The annotation that opts a pod in to node-failure recovery
 // cannot be selected on, so recovering every opted-in pod means watching every pod. The
 // pods of every Job, managed or not, carry the batch.kubernetes.io/controller-uid label and
-// are in Pods already, as whole objects (the Job sync needs them). The other pods go to
+// are in Pods already (StripJobPod keeps what the Job sync reads). The other pods go to
 // OtherPods, whose transform keeps only what is read of them: for a pod that is not opted
 // in, its name, namespace, UID and resourceVersion; for an opted-in pod also the opt-in
 // annotations, deletionTimestamp and grace period, nodeName, phase and conditions. So no
@@ -25,8 +25,18 @@ import (
 // its labels, owner references and finalizers), for its Job to release it (the Job
 // controller's claim.go).
 
-// stripManagedFields is the transform of Jobs and Pods: it drops metadata.managedFields
-// from the object before it is cached.
+// Why Pods is stripped too. The Jobs' pods are what the shim caches most of: one per
+// pod of every Job, the finished ones included until their Job goes (the built-in Job
+// controller caches every pod of the cluster whole, but for managedFields). Of a pod's
+// spec the shim reads only nodeName, restartPolicy, the containers' and init containers'
+// names, the init containers' restartPolicy (sidecars) and, of a failed pod, the
+// containers' and the pod-level memory limits (the memory retry); of its status the phase, reason, message, conditions, start time and the
+// containers' states. Volumes, environment, commands, probes, images, tolerations,
+// affinity, IPs and the like are never read: StripJobPod drops them, and the metadata's
+// managedFields (TestStripJobPodMemory measures what a batch pod keeps).
+
+// stripManagedFields is the transform of Jobs: it drops metadata.managedFields from the
+// object before it is cached.
 func stripManagedFields(obj any) (any, error) {
 	if m, ok := obj.(metav1.Object); ok && m.GetManagedFields() != nil {
 		m.SetManagedFields(nil)
@@ -70,4 +80,78 @@ func StripForRecovery(obj any) (any, error) {
 	out.Status.Phase = p.Status.Phase
 	out.Status.Conditions = p.Status.Conditions
 	return out, nil
+}
+
+// StripJobPod is the transform of Pods (the Jobs' pods): it keeps the metadata but its
+// managedFields, and of spec and status what the Job sync, its Events and JobRecord
+// entries, the memory retry, the claim of orphans and node-failure recovery read (see
+// "Why Pods is stripped too"). A reader of another field must add it here first: the
+// test lists the fields kept.
+func StripJobPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return stripManagedFields(obj)
+	}
+	p.ManagedFields = nil
+	// Memory limits are read of failed pods only (the memory retry's growth and ladder):
+	// the version of a pod that reaches the cache once it failed keeps them.
+	failed := p.Status.Phase == corev1.PodFailed
+	spec := corev1.PodSpec{
+		NodeName:       p.Spec.NodeName,
+		RestartPolicy:  p.Spec.RestartPolicy,
+		Containers:     slimContainers(p.Spec.Containers, failed),
+		InitContainers: slimContainers(p.Spec.InitContainers, failed),
+	}
+	if failed && p.Spec.Resources != nil {
+		spec.Resources = &corev1.ResourceRequirements{Limits: memoryLimit(p.Spec.Resources.Limits)}
+	}
+	p.Spec = spec
+	p.Status = corev1.PodStatus{
+		Phase:                 p.Status.Phase,
+		Reason:                p.Status.Reason,
+		Message:               p.Status.Message,
+		Conditions:            p.Status.Conditions,
+		StartTime:             p.Status.StartTime,
+		ContainerStatuses:     slimStatuses(p.Status.ContainerStatuses),
+		InitContainerStatuses: slimStatuses(p.Status.InitContainerStatuses),
+	}
+	return p, nil
+}
+
+// slimContainers keeps a container's name and restartPolicy, and its memory limit when
+// withResources.
+func slimContainers(cs []corev1.Container, withResources bool) []corev1.Container {
+	if len(cs) == 0 {
+		return nil
+	}
+	out := make([]corev1.Container, len(cs))
+	for i, c := range cs {
+		out[i] = corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy}
+		if withResources {
+			out[i].Resources = corev1.ResourceRequirements{Limits: memoryLimit(c.Resources.Limits)}
+		}
+	}
+	return out
+}
+
+// slimStatuses keeps a container status's name, states, readiness and restart count.
+func slimStatuses(ss []corev1.ContainerStatus) []corev1.ContainerStatus {
+	if len(ss) == 0 {
+		return nil
+	}
+	out := make([]corev1.ContainerStatus, len(ss))
+	for i, s := range ss {
+		out[i] = corev1.ContainerStatus{Name: s.Name, State: s.State, LastTerminationState: s.LastTerminationState,
+			Ready: s.Ready, Started: s.Started, RestartCount: s.RestartCount}
+	}
+	return out
+}
+
+// memoryLimit is l's memory entry alone, nil without one.
+func memoryLimit(l corev1.ResourceList) corev1.ResourceList {
+	q, ok := l[corev1.ResourceMemory]
+	if !ok {
+		return nil
+	}
+	return corev1.ResourceList{corev1.ResourceMemory: q}
 }
