@@ -86,6 +86,11 @@ bench-on-lab: deps build $(LAB) ## P3 then P2 on one lab: the lab that is up, or
 bench-shim: tools ## P1: coroner-shim vs the built-in Job controller side by side: presets small, failfast, failjob-500, indexed-10k (BENCH_SHIM_PRESET; ~10 min for all)
 	$(GO) run ./test/bench/shim -preset $(or $(BENCH_SHIM_PRESET),all) $(BENCH_ARGS)
 
+.PHONY: bench-scale
+bench-scale: tools ## scale by simulation (issue 23): 5,000 kwok nodes on a real API server; the agents' API writes at rest beside the kubelets' (BENCH_SCALE_ARGS; ~15 min; not in make bench)
+	test/tools/build.sh kwok
+	$(GO) run ./test/bench/scale $(BENCH_SCALE_ARGS)
+
 bench-nodeloss: build ## P3: a lab node partitioned: time to a replacement pod Running, coroner vs the built-in controller (root; uses or brings up the lab)
 	$(ROOT_CHECK)
 	$(GO) run ./test/bench/nodeloss $(BENCH_ARGS)

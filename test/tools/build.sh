@@ -14,9 +14,9 @@
 # helm, prometheus and promtool, for test/deploy and test/e2e's Prometheus test;
 # e2e-upstream, upstream's e2e test binary (_output/bin/e2e-apps.test), for test/upstream;
 # kueue and jobset, the batch platforms test/platforms installs beside coroner;
-# golangci-lint, for make lint.
+# golangci-lint, for make lint; kwok, the simulated nodes of make bench-scale.
 #
-# usage: test/tools/build.sh [NAME ...]   (default: every tool but those eleven)
+# usage: test/tools/build.sh [NAME ...]   (default: every tool but those twelve)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -45,7 +45,10 @@ kueue_version=v0.17.0
 jobset_version=v0.11.1
 # Built only when named: golangci-lint, for make lint, from its own module as published.
 golangci_lint_version=v2.15.0
-extra=(kubeadm kube-proxy kind coredns helm prometheus promtool e2e-upstream kueue jobset golangci-lint)
+# Built only when named: kwok, the simulated nodes of make bench-scale (issue 23), from its
+# own module as published (k8s.io v0.36.1).
+kwok_version=v0.8.0
+extra=(kubeadm kube-proxy kind coredns helm prometheus promtool e2e-upstream kueue jobset golangci-lint kwok)
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${all[@]}")
 
@@ -222,6 +225,12 @@ for name in "${names[@]}"; do
       build_module golangci-lint "$golangci_lint_version" "$out" \
         "-s -w -X main.version=${golangci_lint_version#v} -X main.commit=module -X main.date=19700101" \
         "" 0 "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$golangci_lint_version"
+      continue ;;
+    kwok)
+      # kwok (make bench-scale: thousands of Nodes and their pods without kubelets), static,
+      # into _output/bin/kwok; its stages are given by test/bench/scale from the module's
+      # kustomize/stage files (the binary embeds none).
+      build_module kwok "$kwok_version" "$out" "-s -w" "" 0 "sigs.k8s.io/kwok/cmd/kwok@$kwok_version"
       continue ;;
     kubeadm|kube-proxy)
       # kubeadm and kube-proxy import modules the other Kubernetes tools do not

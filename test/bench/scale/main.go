@@ -1,0 +1,89 @@
+// Command bench-scale measures coroner at the sizes of real clusters by simulation (issue
+// 23, make bench-scale): a real etcd and kube-apiserver v1.36.3 (test/harness), thousands
+// of Nodes kept alive by kwok (sigs.k8s.io/kwok, built from its module by
+// test/tools/build.sh kwok) the way kubelets keep theirs, and coroner's parts run with
+// their own code where they load the API server.
+//
+// Scenario "load": the API writes coroner's agents add at rest beside the kubelets'. kwok
+// renews each node's Lease in kube-node-lease every 10 s (the kubelet's renew interval, a
+// quarter of the 40 s lease) and reports node status every 150-450 s (the kubelet reports
+// an unchanged status every 5 min; the stage file of kwok's module says 10 min, which
+// would understate the kubelets). Measured first alone over --window (the kubelets' writes,
+// from the API server's apiserver_request_total), then with one fence.Fencer per node
+// (coroner-agent's own fencing code: its Lease coroner-agent-<node> in coroner-system,
+// renewed every fence.RenewPeriod(--fence-after)) in this process over a second window:
+// their writes are counted by their client, and the API server's count of the second
+// window less the first checks that figure. The fencers share one client without a rate
+// limit (each agent has its own connection and limit; the API server's work per write is
+// the same).
+//
+// Every figure is printed side by side with the ratios, and written to
+// _output/bench/scale-<scenario>.json.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/coroner-dev/coroner/test/bench/measure"
+	"github.com/coroner-dev/coroner/test/host"
+)
+
+type config struct {
+	nodes      int
+	window     time.Duration
+	fenceAfter time.Duration
+	binDir     string
+	jsonDir    string
+	keep       bool
+}
+
+func main() {
+	root, err := host.RepoRoot()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench-scale: %v\n", err)
+		os.Exit(1)
+	}
+	c := config{nodes: 5000, window: 5 * time.Minute, fenceAfter: 2 * time.Minute,
+		binDir: filepath.Join(root, "_output", "bin"), jsonDir: filepath.Join(root, "_output", "bench")}
+	fs := flag.NewFlagSet("bench-scale", flag.ContinueOnError)
+	fs.IntVar(&c.nodes, "nodes", c.nodes, "simulated nodes (kwok)")
+	fs.DurationVar(&c.window, "window", c.window, "each measuring window of the load scenario (the kubelets alone, then with the agents); at least 1m")
+	fs.DurationVar(&c.fenceAfter, "fence-after", c.fenceAfter, "the agents' --fence-after (coroner-agent's default: 2m)")
+	fs.StringVar(&c.binDir, "bin-dir", c.binDir, "where test/tools/build.sh put etcd, kube-apiserver and kwok")
+	fs.StringVar(&c.jsonDir, "json-dir", c.jsonDir, "where to write scale-<scenario>.json")
+	fs.BoolVar(&c.keep, "keep", false, "keep the API server's working directory (logs, etcd data)")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	var bad []string
+	if c.nodes < 1 || c.nodes > 20000 {
+		bad = append(bad, fmt.Sprintf("--nodes=%d: want 1 to 20000", c.nodes))
+	}
+	if c.window < time.Minute {
+		bad = append(bad, fmt.Sprintf("--window=%v: want at least 1m (node status comes every 150-450 s)", c.window))
+	}
+	if c.fenceAfter < 10*time.Second {
+		bad = append(bad, fmt.Sprintf("--fence-after=%v: the agent takes at least 10s", c.fenceAfter))
+	}
+	if len(bad) > 0 {
+		for _, b := range bad {
+			fmt.Fprintln(os.Stderr, "bench-scale: "+b)
+		}
+		os.Exit(2)
+	}
+	measure.QuietKlog("", 0)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := runLoad(ctx, c); err != nil {
+		stop()
+		fmt.Fprintf(os.Stderr, "bench-scale: %v\n", err)
+		os.Exit(1)
+	}
+}
