@@ -13,11 +13,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/coroner-dev/coroner/agent/fence"
@@ -34,25 +37,16 @@ const loadGoal = 0.10
 
 // loadResult is the load scenario's figures (scale-load.json).
 type loadResult struct {
-	Nodes              int                `json:"nodes"`
-	Window             string             `json:"window"`
-	FenceAfter         string             `json:"fenceAfter"`
-	RenewPeriod        string             `json:"renewPeriod"`
-	KubeletWrites      float64            `json:"kubeletWritesPerSecond"`
-	KubeletByKind      map[string]float64 `json:"kubeletWritesByKind"`
-	AgentWrites        float64            `json:"agentWritesPerSecond"`
-	AgentWriteErrors   int64              `json:"agentWriteErrors"`
-	AgentServerExtra   float64            `json:"agentWritesPerSecondByTheServer"`
-	Ratio              float64            `json:"agentsOverKubelets"`
-	Goal               float64            `json:"goal"`
-	Met                bool               `json:"met"`
-	APIServerCoresA    float64            `json:"apiserverCoresKubeletsAlone"`
-	APIServerCoresB    float64            `json:"apiserverCoresWithAgents"`
-	EtcdCoresA         float64            `json:"etcdCoresKubeletsAlone"`
-	EtcdCoresB         float64            `json:"etcdCoresWithAgents"`
-	KwokCores          float64            `json:"kwokCores"`
-	FencersCores       float64            `json:"fencersCores"`
-	FencedDuringTheRun int64              `json:"fencedDuringTheRun"`
+	Nodes               int                `json:"nodes"`
+	Window              string             `json:"window"`
+	FenceAfter          string             `json:"fenceAfter"`
+	Goal                float64            `json:"goal"`
+	KubeletWrites       float64            `json:"kubeletWritesPerSecond"`
+	KubeletByKind       map[string]float64 `json:"kubeletWritesByKind"`
+	APIServerCoresAlone float64            `json:"apiserverCoresKubeletsAlone"`
+	EtcdCoresAlone      float64            `json:"etcdCoresKubeletsAlone"`
+	KwokCores           float64            `json:"kwokCores"`
+	Modes               []modeResult       `json:"agents"`
 }
 
 func runLoad(ctx context.Context, c config) error {
@@ -105,113 +99,224 @@ func runLoad(ctx context.Context, c config) error {
 	cpuA1 := [3]float64{cpuSeconds(apiPID), cpuSeconds(etcdPID), cpuSeconds(kwok.PID())}
 	kubelets := rates(a0, a1, c.window)
 
-	// Window B: one fencer per node besides.
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	counter := &writeCounter{}
-	agents := rest.CopyConfig(env.Config)
-	agents.QPS, agents.Burst = -1, 0 // no client-side limit: each agent has its own
-	agents.WrapTransport = counter.wrap
-	acs, err := kubernetes.NewForConfig(agents)
-	if err != nil {
-		return err
-	}
-	period := fence.RenewPeriod(c.fenceAfter)
-	fctx, stopFencers := context.WithCancel(ctx)
-	var fencers []*fence.Fencer
-	var wg sync.WaitGroup
-	defer func() {
-		stopFencers()
-		wg.Wait()
-	}()
-	for i := range c.nodes {
-		f, err := fence.New(fence.Config{NodeName: nodeName(i), Namespace: agentNamespace, FenceAfter: c.fenceAfter,
-			Client: acs, Runtime: noRuntime{}, Pods: func() []*corev1.Pod { return nil }, Recorder: &record.FakeRecorder{}})
-		if err != nil {
-			return err
-		}
-		fencers = append(fencers, f)
-		// Agents start at different times: each fencer starts at a random point of one
-		// renew period.
-		delay := time.Duration(rand.Int64N(int64(period)))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			select {
-			case <-fctx.Done():
-				return
-			case <-time.After(delay):
-			}
-			f.Run(fctx)
-		}()
-	}
-	fmt.Printf("  %d fencers (coroner-agent's fence package, --fence-after=%v: a renewal every %v) starting over one renew period\n", c.nodes, c.fenceAfter, period)
-	if err := waitAgentLeases(ctx, cs, c.nodes, period+5*time.Minute); err != nil {
-		return err
-	}
-	if err := sleep(ctx, period+10*time.Second); err != nil {
-		return err
-	}
-	b0, err := scrapeWrites(ctx, cs)
-	if err != nil {
-		return err
-	}
-	n0, e0 := counter.writes.Load(), counter.errors.Load()
-	cpuB := [4]float64{cpuSeconds(apiPID), cpuSeconds(etcdPID), cpuSeconds(kwok.PID()), cpuSeconds(os.Getpid())}
-	fmt.Printf("  window 2 (%v): the kubelets and the agents\n", c.window)
-	if err := sleep(ctx, c.window); err != nil {
-		return err
-	}
-	b1, err := scrapeWrites(ctx, cs)
-	if err != nil {
-		return err
-	}
-	n1, e1 := counter.writes.Load(), counter.errors.Load()
-	cpuB1 := [4]float64{cpuSeconds(apiPID), cpuSeconds(etcdPID), cpuSeconds(kwok.PID()), cpuSeconds(os.Getpid())}
-	fenced := int64(0)
-	for _, f := range fencers {
-		if f.Fenced() {
-			fenced++
-		}
-	}
-	both := rates(b0, b1, c.window)
-
-	w := c.window.Seconds()
-	res := loadResult{
-		Nodes: c.nodes, Window: c.window.String(), FenceAfter: c.fenceAfter.String(), RenewPeriod: period.String(),
+	res := loadResult{Nodes: c.nodes, Window: c.window.String(), FenceAfter: c.fenceAfter.String(), Goal: loadGoal,
 		KubeletWrites: total(kubelets), KubeletByKind: map[string]float64{},
-		AgentWrites: float64(n1-n0) / w, AgentWriteErrors: e1 - e0,
-		AgentServerExtra: total(both) - total(kubelets),
-		Goal:             loadGoal,
-		APIServerCoresA:  (cpuA1[0] - cpuA[0]) / w, EtcdCoresA: (cpuA1[1] - cpuA[1]) / w,
-		APIServerCoresB: (cpuB1[0] - cpuB[0]) / w, EtcdCoresB: (cpuB1[1] - cpuB[1]) / w,
-		KwokCores: (cpuA1[2] - cpuA[2]) / w, FencersCores: (cpuB1[3] - cpuB[3]) / w,
-		FencedDuringTheRun: fenced,
-	}
+		APIServerCoresAlone: (cpuA1[0] - cpuA[0]) / c.window.Seconds(), EtcdCoresAlone: (cpuA1[1] - cpuA[1]) / c.window.Seconds(),
+		KwokCores: (cpuA1[2] - cpuA[2]) / c.window.Seconds()}
 	for k, v := range kubelets {
 		res.KubeletByKind[string(k)] = v
 	}
-	if res.KubeletWrites > 0 {
-		res.Ratio = res.AgentWrites / res.KubeletWrites
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
 	}
-	res.Met = res.Ratio <= loadGoal && res.AgentWriteErrors == 0 && fenced == 0
+	for i, mode := range c.modes {
+		fmt.Printf("  window %d (%v): the kubelets and %d agents that %s\n", i+2, c.window, c.nodes, modeAbout(mode, c.fenceAfter))
+		m, err := measureAgents(ctx, c, env, cs, mode, kubelets, [2]int{apiPID, etcdPID})
+		if err != nil {
+			return fmt.Errorf("agents %s: %w", mode, err)
+		}
+		res.Modes = append(res.Modes, m)
+	}
 
-	fmt.Printf("\n%-44s %12s  %s\n", "writers at rest", "writes/s", "what")
-	fmt.Printf("%-44s %12.1f  %s\n", fmt.Sprintf("kubelets (kwok, %d nodes)", c.nodes), res.KubeletWrites, strings.Join(top(kubelets), ", "))
-	fmt.Printf("%-44s %12.1f  %s\n", fmt.Sprintf("coroner agents (%d, fencing, every %v)", c.nodes, period), res.AgentWrites,
-		fmt.Sprintf("counted by their client; the API server counted %.1f/s more than in window 1", res.AgentServerExtra))
-	fmt.Printf("%-44s %12.3f  goal <= %.2f: %s\n", "agents / kubelets", res.Ratio, loadGoal, map[bool]string{true: "met", false: "missed"}[res.Met])
-	fmt.Printf("%-44s %12s  apiserver %.2f -> %.2f cores, etcd %.2f -> %.2f, kwok %.2f, the fencers %.2f\n", "CPU, window 1 -> window 2", "",
-		res.APIServerCoresA, res.APIServerCoresB, res.EtcdCoresA, res.EtcdCoresB, res.KwokCores, res.FencersCores)
-	if res.AgentWriteErrors > 0 || fenced > 0 {
-		fmt.Printf("agents: %d write errors in window 2, %d fenced at its end\n", res.AgentWriteErrors, fenced)
+	fmt.Printf("\n%d nodes at rest, each window %v            writes/s  agents/kubelets  API server cores  etcd cores  notes\n", c.nodes, c.window)
+	fmt.Printf("%-46s %9.1f  %15s  %16.2f  %10.2f  %s\n", "kubelets alone (kwok)", res.KubeletWrites, "", res.APIServerCoresAlone, res.EtcdCoresAlone, strings.Join(top(kubelets), ", "))
+	for _, m := range res.Modes {
+		verdict := "missed"
+		if m.Met {
+			verdict = "met"
+		}
+		note := fmt.Sprintf("goal <= %.2f %s; the API server counted %.1f writes/s more than alone", loadGoal, verdict, m.ServerExtra)
+		if m.Reads > 0 {
+			note += fmt.Sprintf("; %.1f reads/s", m.Reads)
+		}
+		if m.Events > 0 {
+			note += fmt.Sprintf("; %.1f watch events/s received", m.Events)
+		}
+		if m.WriteErrors > 0 || m.Fenced > 0 {
+			note += fmt.Sprintf("; %d write errors, %d fenced", m.WriteErrors, m.Fenced)
+		}
+		fmt.Printf("%-46s %9.1f  %15.3f  %16.2f  %10.2f  %s\n", "+ agents: "+m.Mode, m.Writes, m.Ratio, m.APIServerCores, m.EtcdCores, note)
 	}
 	if err := writeJSON(c.jsonDir, "scale-load.json", res); err != nil {
 		return err
 	}
 	fmt.Printf("\nbench-scale load took %v; figures in %s\n", time.Since(began).Round(time.Second), filepath.Join(c.jsonDir, "scale-load.json"))
 	return nil
+}
+
+// Agent modes of the load scenario.
+const (
+	// modeRenew is coroner-agent's fencing as built: fence.Fencer renewing its Lease.
+	modeRenew = "renew"
+	// modeWatch models a fence that learns the API server's reach from the kubelet's own
+	// Lease: a watch of the node's Lease in kube-node-lease (no write at rest).
+	modeWatch = "watch"
+	// modeGet models the same from a read of that Lease (resourceVersion 0, from the API
+	// server's cache) every fence.RenewPeriod.
+	modeGet = "get"
+)
+
+var allModes = []string{modeRenew, modeWatch, modeGet}
+
+func modeAbout(mode string, fenceAfter time.Duration) string {
+	switch mode {
+	case modeRenew:
+		return fmt.Sprintf("renew their fencing Lease every %v (coroner-agent's fence package, --fence-after=%v)", fence.RenewPeriod(fenceAfter), fenceAfter)
+	case modeWatch:
+		return "watch their node's Lease in kube-node-lease (a fence on the kubelet's heartbeat; no write)"
+	default:
+		return fmt.Sprintf("read their node's Lease from the API server's cache every %v (no write)", fence.RenewPeriod(fenceAfter))
+	}
+}
+
+// modeResult is one agent mode's window.
+type modeResult struct {
+	Mode           string  `json:"mode"`
+	Period         string  `json:"period,omitempty"`
+	Writes         float64 `json:"writesPerSecond"`
+	WriteErrors    int64   `json:"writeErrors"`
+	Reads          float64 `json:"readsPerSecond"`
+	Events         float64 `json:"watchEventsPerSecond"`
+	ServerExtra    float64 `json:"writesPerSecondMoreByTheServer"`
+	Ratio          float64 `json:"agentsOverKubelets"`
+	Met            bool    `json:"met"`
+	APIServerCores float64 `json:"apiserverCores"`
+	EtcdCores      float64 `json:"etcdCores"`
+	AgentsCores    float64 `json:"agentsCores"`
+	Fenced         int64   `json:"fencedAtTheEnd"`
+}
+
+// measureAgents runs one agent per node in mode, lets them settle, measures one window
+// and stops them.
+func measureAgents(ctx context.Context, c config, env *harness.Env, cs kubernetes.Interface, mode string, kubelets map[writeKey]float64, pids [2]int) (modeResult, error) {
+	m := modeResult{Mode: mode}
+	counter := &writeCounter{}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = -1, 0 // no client-side limit: each agent has its own
+	cfg.WrapTransport = counter.wrap
+	acs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return m, err
+	}
+	period := fence.RenewPeriod(c.fenceAfter)
+	actx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+	var fencers []*fence.Fencer
+	var events atomic.Int64
+	synced := make(chan struct{}, c.nodes)
+	for i := range c.nodes {
+		node := nodeName(i)
+		// Agents start at different times: each at a random point of one period.
+		delay := time.Duration(rand.Int64N(int64(period)))
+		var run func()
+		switch mode {
+		case modeRenew:
+			m.Period = period.String()
+			f, err := fence.New(fence.Config{NodeName: node, Namespace: agentNamespace, FenceAfter: c.fenceAfter,
+				Client: acs, Runtime: noRuntime{}, Pods: func() []*corev1.Pod { return nil }, Recorder: &record.FakeRecorder{}})
+			if err != nil {
+				return m, err
+			}
+			fencers = append(fencers, f)
+			run = func() { synced <- struct{}{}; f.Run(actx) }
+		case modeWatch:
+			run = func() { watchLease(actx, acs, node, &events, synced) }
+		case modeGet:
+			m.Period = period.String()
+			run = func() { getLease(actx, acs, node, period, synced) }
+		default:
+			return m, fmt.Errorf("unknown agent mode %q", mode)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-actx.Done():
+				return
+			case <-time.After(delay):
+			}
+			run()
+		}()
+	}
+	for range c.nodes {
+		select {
+		case <-ctx.Done():
+			return m, ctx.Err()
+		case <-synced:
+		}
+	}
+	if mode == modeRenew {
+		if err := waitAgentLeases(ctx, cs, c.nodes, 5*time.Minute); err != nil {
+			return m, err
+		}
+	}
+	if err := sleep(ctx, period+10*time.Second); err != nil {
+		return m, err
+	}
+	s0, err := scrapeWrites(ctx, cs)
+	if err != nil {
+		return m, err
+	}
+	w0, e0, r0, ev0 := counter.writes.Load(), counter.errors.Load(), counter.reads.Load(), events.Load()
+	cpu0 := [3]float64{cpuSeconds(pids[0]), cpuSeconds(pids[1]), cpuSeconds(os.Getpid())}
+	if err := sleep(ctx, c.window); err != nil {
+		return m, err
+	}
+	s1, err := scrapeWrites(ctx, cs)
+	if err != nil {
+		return m, err
+	}
+	w := c.window.Seconds()
+	cpu1 := [3]float64{cpuSeconds(pids[0]), cpuSeconds(pids[1]), cpuSeconds(os.Getpid())}
+	m.Writes = float64(counter.writes.Load()-w0) / w
+	m.WriteErrors = counter.errors.Load() - e0
+	m.Reads = float64(counter.reads.Load()-r0) / w
+	m.Events = float64(events.Load()-ev0) / w
+	m.ServerExtra = total(rates(s0, s1, c.window)) - total(kubelets)
+	m.APIServerCores, m.EtcdCores, m.AgentsCores = (cpu1[0]-cpu0[0])/w, (cpu1[1]-cpu0[1])/w, (cpu1[2]-cpu0[2])/w
+	for _, f := range fencers {
+		if f.Fenced() {
+			m.Fenced++
+		}
+	}
+	if k := total(kubelets); k > 0 {
+		m.Ratio = m.Writes / k
+	}
+	m.Met = m.Ratio <= loadGoal && m.WriteErrors == 0 && m.Fenced == 0
+	return m, nil
+}
+
+// watchLease watches node's Lease in kube-node-lease, counting its events, until ctx ends.
+func watchLease(ctx context.Context, cs kubernetes.Interface, node string, events *atomic.Int64, synced chan<- struct{}) {
+	lw := cache.NewListWatchFromClient(cs.CoordinationV1().RESTClient(), "leases", corev1.NamespaceNodeLease, fields.OneTermEqualSelector("metadata.name", node))
+	inf := cache.NewSharedIndexInformer(lw, &coordinationv1.Lease{}, 0, cache.Indexers{})
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { events.Add(1) },
+		UpdateFunc: func(any, any) { events.Add(1) },
+	})
+	go inf.Run(ctx.Done())
+	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
+	synced <- struct{}{}
+	<-ctx.Done()
+}
+
+// getLease reads node's Lease from the API server's cache every period until ctx ends.
+func getLease(ctx context.Context, cs kubernetes.Interface, node string, period time.Duration, synced chan<- struct{}) {
+	synced <- struct{}{}
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		_, _ = cs.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, node, metav1.GetOptions{ResourceVersion: "0"})
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // waitAgentLeases waits until n agent Leases exist in agentNamespace.
@@ -254,12 +359,16 @@ func writeJSON(dir, name string, v any) error {
 	return os.WriteFile(filepath.Join(dir, name), append(b, '\n'), 0o644)
 }
 
-// writeCounter counts the write requests that pass through a client's transport.
-type writeCounter struct{ writes, errors atomic.Int64 }
+// writeCounter counts the requests that pass through a client's transport: writes (and
+// the failed ones) and reads (GETs; a watch counts once, when it starts).
+type writeCounter struct{ writes, errors, reads atomic.Int64 }
 
 func (w *writeCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
 		resp, err := rt.RoundTrip(req)
+		if req.Method == http.MethodGet {
+			w.reads.Add(1)
+		}
 		if writeVerbs[req.Method] {
 			w.writes.Add(1)
 			if err != nil || resp.StatusCode >= 300 {

@@ -8,14 +8,20 @@
 // renews each node's Lease in kube-node-lease every 10 s (the kubelet's renew interval, a
 // quarter of the 40 s lease) and reports node status every 150-450 s (the kubelet reports
 // an unchanged status every 5 min; the stage file of kwok's module says 10 min, which
-// would understate the kubelets). Measured first alone over --window (the kubelets' writes,
-// from the API server's apiserver_request_total), then with one fence.Fencer per node
-// (coroner-agent's own fencing code: its Lease coroner-agent-<node> in coroner-system,
-// renewed every fence.RenewPeriod(--fence-after)) in this process over a second window:
-// their writes are counted by their client, and the API server's count of the second
-// window less the first checks that figure. The fencers share one client without a rate
-// limit (each agent has its own connection and limit; the API server's work per write is
-// the same).
+// would understate the kubelets). Measured first alone over --window (the kubelets'
+// writes, from the API server's apiserver_request_total), then with one agent per node
+// in this process, one window per mode (--agents):
+//   - renew: coroner-agent's fencing as built, its own fence.Fencer: the Lease
+//     coroner-agent-<node> in coroner-system renewed every fence.RenewPeriod(--fence-after);
+//   - watch: a fence that learns the API server's reach from the kubelet's own heartbeat,
+//     a watch of the node's Lease in kube-node-lease (no write at rest);
+//   - get: the same from a read of that Lease from the API server's cache every renew
+//     period.
+//
+// The agents' requests are counted by their client; the API server's count of writes
+// over the window less the kubelets' checks that figure; the API server's and etcd's CPU
+// are read from /proc. The agents share one client without a rate limit (each agent has
+// its own connection and limit; the API server's work per request is the same).
 //
 // Every figure is printed side by side with the ratios, and written to
 // _output/bench/scale-<scenario>.json.
@@ -28,6 +34,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,6 +47,7 @@ type config struct {
 	nodes      int
 	window     time.Duration
 	fenceAfter time.Duration
+	modes      []string
 	binDir     string
 	jsonDir    string
 	keep       bool
@@ -50,12 +59,13 @@ func main() {
 		fmt.Fprintf(os.Stderr, "bench-scale: %v\n", err)
 		os.Exit(1)
 	}
-	c := config{nodes: 5000, window: 5 * time.Minute, fenceAfter: 2 * time.Minute,
+	c := config{nodes: 5000, window: 4 * time.Minute, fenceAfter: 2 * time.Minute,
 		binDir: filepath.Join(root, "_output", "bin"), jsonDir: filepath.Join(root, "_output", "bench")}
 	fs := flag.NewFlagSet("bench-scale", flag.ContinueOnError)
 	fs.IntVar(&c.nodes, "nodes", c.nodes, "simulated nodes (kwok)")
 	fs.DurationVar(&c.window, "window", c.window, "each measuring window of the load scenario (the kubelets alone, then with the agents); at least 1m")
 	fs.DurationVar(&c.fenceAfter, "fence-after", c.fenceAfter, "the agents' --fence-after (coroner-agent's default: 2m)")
+	modesFlag := fs.String("agents", strings.Join(allModes, ","), "agent modes, one window each: renew (coroner-agent's fencing as built), watch (a watch of the kubelet's node Lease), get (a cached read of it every renew period)")
 	fs.StringVar(&c.binDir, "bin-dir", c.binDir, "where test/tools/build.sh put etcd, kube-apiserver and kwok")
 	fs.StringVar(&c.jsonDir, "json-dir", c.jsonDir, "where to write scale-<scenario>.json")
 	fs.BoolVar(&c.keep, "keep", false, "keep the API server's working directory (logs, etcd data)")
@@ -63,6 +73,12 @@ func main() {
 		os.Exit(2)
 	}
 	var bad []string
+	for _, m := range strings.Split(*modesFlag, ",") {
+		if !slices.Contains(allModes, m) {
+			bad = append(bad, fmt.Sprintf("--agents: unknown mode %q (want some of %s)", m, strings.Join(allModes, ",")))
+		}
+		c.modes = append(c.modes, m)
+	}
 	if c.nodes < 1 || c.nodes > 20000 {
 		bad = append(bad, fmt.Sprintf("--nodes=%d: want 1 to 20000", c.nodes))
 	}
