@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -64,7 +65,11 @@ const leaderHealthTimeout = 20 * time.Second
 // no error: the losing side of the replicas' race for the Lease (both create it at once on
 // a fresh install, or update it at once when the leader released it) is logged at V(2).
 func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
-	client, err := kubernetes.NewForConfig(cfg)
+	// The typed client speaks protobuf, as kube-controller-manager's does: the shim's CPU
+	// goes mostly to decoding watch events and to the garbage that decoding leaves, which
+	// protobuf cuts to a fraction of JSON's. The JobRecords' dynamic client stays JSON
+	// (custom resources have no protobuf; dynamic.NewForConfig sets JSON itself).
+	client, err := kubernetes.NewForConfig(protobuf(cfg))
 	if err != nil {
 		return fmt.Errorf("building the client: %w", err)
 	}
@@ -279,7 +284,7 @@ func runLeaderElected(ctx context.Context, cfg *rest.Config, opts *Options, ctrl
 	}
 	id := hostname + "_" + string(uuid.NewUUID())
 	// A client of its own, so that the controller's traffic cannot starve the renewals.
-	leClient, err := kubernetes.NewForConfig(rest.AddUserAgent(rest.CopyConfig(cfg), "leader-election"))
+	leClient, err := kubernetes.NewForConfig(rest.AddUserAgent(protobuf(cfg), "leader-election"))
 	if err != nil {
 		return fmt.Errorf("building the leader election client: %w", err)
 	}
@@ -404,4 +409,12 @@ func (s *raceSink) WithValues(kv ...any) klog.LogSink {
 
 func (s *raceSink) WithName(name string) klog.LogSink {
 	return &raceSink{sink: s.sink.WithName(name), leading: s.leading}
+}
+
+// protobuf is a copy of cfg whose requests and answers are protobuf (JSON accepted too).
+func protobuf(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.ContentType = runtime.ContentTypeProtobuf
+	c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	return c
 }
