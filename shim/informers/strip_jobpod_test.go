@@ -3,7 +3,6 @@ package informers
 import (
 	"fmt"
 	"reflect"
-	"runtime"
 	"testing"
 	"time"
 
@@ -196,22 +195,8 @@ func TestStripJobPod(t *testing.T) {
 // TestStripJobPodMemory measures what the informer of the Jobs' pods keeps per pod with
 // StripJobPod, against managedFields dropped only (go test -v prints it).
 func TestStripJobPodMemory(t *testing.T) {
-	const n = 5000
-	heap := func() uint64 {
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
 	measure := func(transform func(any) (any, error)) float64 {
-		keep := make([]any, n)
-		before := heap()
-		for i := range keep {
-			keep[i], _ = transform(batchPod(i))
-		}
-		after := heap()
-		runtime.KeepAlive(keep)
-		return float64(after-before) / n
+		return heapPerObject(5000, func(i int) any { o, _ := transform(batchPod(i)); return o })
 	}
 	succeeded := func(transform func(any) (any, error)) func(any) (any, error) {
 		return func(o any) (any, error) {

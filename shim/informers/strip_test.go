@@ -125,22 +125,10 @@ func TestStripForRecovery(t *testing.T) {
 // TestStripForRecoveryMemory measures what the informer of the pods that are not Jobs' pods
 // keeps per pod, against the whole pods a plain informer would keep (go test -v prints it).
 func TestStripForRecoveryMemory(t *testing.T) {
-	const n = 5000
-	heap := func() uint64 {
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
 	measure := func(transform func(*corev1.Pod) any) float64 {
-		keep := make([]any, n)
-		before := heap()
-		for i := range keep {
-			keep[i] = transform(typicalPod(i, map[string]string{"kubectl.kubernetes.io/restartedAt": "2026-11-01T00:00:00Z"}))
-		}
-		after := heap()
-		runtime.KeepAlive(keep)
-		return float64(after-before) / n
+		return heapPerObject(5000, func(i int) any {
+			return transform(typicalPod(i, map[string]string{"kubectl.kubernetes.io/restartedAt": "2026-11-01T00:00:00Z"}))
+		})
 	}
 	whole := measure(func(p *corev1.Pod) any { return p })
 	stripped := measure(func(p *corev1.Pod) any { s, _ := StripForRecovery(p); return s })
@@ -156,3 +144,21 @@ func TestStripForRecoveryMemory(t *testing.T) {
 }
 
 func secs(n int) time.Duration { return time.Duration(n) * time.Second }
+
+// heapPerObject is the heap, in bytes, that each of n objects made by build keeps alive.
+func heapPerObject(n int, build func(i int) any) float64 {
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	keep := make([]any, n)
+	before := heap()
+	for i := range keep {
+		keep[i] = build(i)
+	}
+	after := heap()
+	runtime.KeepAlive(keep)
+	return float64(after-before) / float64(n)
+}
