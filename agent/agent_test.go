@@ -333,3 +333,17 @@ func TestRuntimeConnectedMetric(t *testing.T) {
 		t.Error("Healthy() = nil while the runtime is disconnected")
 	}
 }
+
+// TestPodCacheDropsManagedFields: the agent's pod cache keeps its node's pods without
+// their managedFields.
+func TestPodCacheDropsManagedFields(t *testing.T) {
+	uid := types.UID("44444444-4444-4444-8444-444444444444")
+	p := newPod("managed", uid, corev1.RestartPolicyNever, "main")
+	p.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status"}}
+	e := newTestEnv(t, nil, p)
+	e.until("the pod cached", e.cached(uid))
+	got := e.a.podByUID(uid)
+	if got == nil || got.ManagedFields != nil || got.Name != "managed" {
+		t.Errorf("cached pod %+v, want it without managedFields", got)
+	}
+}
