@@ -86,8 +86,12 @@ bench-on-lab: deps build $(LAB) ## P3 then P2 on one lab: the lab that is up, or
 bench-shim: tools ## P1: coroner-shim vs the built-in Job controller side by side: presets small, failfast, failjob-500, indexed-10k (BENCH_SHIM_PRESET; ~10 min for all)
 	$(GO) run ./test/bench/shim -preset $(or $(BENCH_SHIM_PRESET),all) $(BENCH_ARGS)
 
+.PHONY: bench-large
+bench-large: tools ## P1 at 100,000 pods: one Indexed Job of 100,000 completions, coroner-shim vs the built-in controller side by side (about 50 min here; not in make bench, nor in CI)
+	$(GO) run ./test/bench/shim -preset indexed-100k $(BENCH_ARGS)
+
 .PHONY: bench-scale
-bench-scale: tools ## scale by simulation (issue 23): 5,000 kwok nodes on a real API server; the agents' API writes at rest beside the kubelets' (BENCH_SCALE_ARGS; ~15 min; not in make bench)
+bench-scale: tools ## scale by simulation (issue 23): 5,000 kwok nodes on a real API server; the agents' API writes at rest beside the kubelets', one window per agent mode (BENCH_SCALE_ARGS; ~25 min; not in make bench, nor in CI)
 	test/tools/build.sh kwok
 	$(GO) run ./test/bench/scale $(BENCH_SCALE_ARGS)
 
