@@ -11,6 +11,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/policy"
 )
@@ -90,7 +91,13 @@ func (s *state) explainGrowth(p *corev1.Pod, g []memretry.Growth, ix int) {
 	if ix != noIndex {
 		who = fmt.Sprintf("index %d (pod %s)", ix, p.Name)
 	}
-	s.plan.Events = append(s.plan.Events, Event{corev1.EventTypeNormal, EventReasonMemoryGrown, who + ": " + growthText(g) + " (" + memretry.Annotation + " " + s.memory.String() + ")"})
+	why := memretry.Annotation + " " + s.memory.String()
+	// coroner-agent's stamp says what it measured (the limit and the peak usage), quoted
+	// as it stands.
+	if c := conditions.FindTrue(p, conditions.OOMKilled); c != nil && c.Message != "" {
+		why += "; coroner-agent: " + c.Message
+	}
+	s.plan.Events = append(s.plan.Events, Event{corev1.EventTypeNormal, EventReasonMemoryGrown, who + ": " + growthText(g) + " (" + why + ")"})
 	s.plan.Observations.MemoryGrowths++
 }
 

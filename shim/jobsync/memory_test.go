@@ -68,6 +68,14 @@ func TestMemoryRetry(t *testing.T) {
 			wantEvent: "index 1 (pod j-1-a): container main OOM-killed at its limit of 24Mi; retried with 48Mi (coroner.dev/oom-memory-retry factor=2,max=128Mi)",
 		},
 		{
+			name:     "the agent's words quoted: the peak it measured",
+			job:      indexedJob("factor=2,max=128Mi"),
+			failed:   oomPod("j-1-a", 1, "24Mi", withMessage(ownLimit, "container main was OOM-killed at its memory limit of 24Mi (peak 24Mi)")),
+			wantGrow: "48Mi/48Mi",
+			wantEvent: "index 1 (pod j-1-a): container main OOM-killed at its limit of 24Mi; retried with 48Mi (coroner.dev/oom-memory-retry factor=2,max=128Mi; " +
+				"coroner-agent: container main was OOM-killed at its memory limit of 24Mi (peak 24Mi))",
+		},
+		{
 			name:      "capped at max",
 			job:       indexedJob("factor=4,max=64Mi"),
 			failed:    oomPod("j-1-b", 1, "24Mi", ownLimit),
@@ -253,4 +261,9 @@ func TestMemoryLadder(t *testing.T) {
 			t.Errorf("next pod: limit %s, %q; want 96Mi grown from j-0-b", l.String(), p.Annotations[memretry.GivenAnnotation])
 		}
 	}
+}
+
+func withMessage(c corev1.PodCondition, msg string) corev1.PodCondition {
+	c.Message = msg
+	return c
 }
