@@ -51,3 +51,11 @@ func TestRates(t *testing.T) {
 		t.Errorf("total = %v, want 10.5", total(r))
 	}
 }
+
+func TestKubeletKinds(t *testing.T) {
+	r := map[writeKey]float64{"PUT leases": 500, "PATCH nodes/status": 16, "POST endpoints": 0.1, "POST events": 2}
+	k := kubeletKinds(r)
+	if len(k) != 2 || total(k) != 516 {
+		t.Errorf("kubeletKinds = %v, want the Leases and the nodes' status only", k)
+	}
+}
