@@ -139,16 +139,16 @@ func rejudge(c jobCheck, s stormJob, j *batchv1.Job, truth jobTruth, pods []*cor
 		return out
 	}
 	// Pods that ended without an exit of their own (never started, or deleted as the Job
-	// failed) are each one failure more.
+	// failed) may each be one failure more (unrecordedFailures).
 	unrec := unrecordedFailures(truth, pods)
-	want := truth.failures() + extra + len(unrec)
-	if d := int(j.Status.Failed) - want; d > 0 {
+	want := truth.failures() + extra
+	if d := int(j.Status.Failed) - want - len(unrec); d > 0 {
 		out.Double += d
-		out.problem("status.failed %d, %d failures reported by the runtime (%d of pods that ended without an exit of their own: %v): %d counted twice",
+		out.problem("status.failed %d, %d failures reported by the runtime and %d pods that ended without an exit of their own (%v): %d counted twice",
 			j.Status.Failed, want, len(unrec), unrec, d)
-	} else if d < 0 {
-		out.Lost += -d
-		out.problem("status.failed %d, %d failures reported by the runtime: %d lost", j.Status.Failed, want, -d)
+	} else if d := want - int(j.Status.Failed); d > 0 {
+		out.Lost += d
+		out.problem("status.failed %d, %d failures reported by the runtime: %d lost", j.Status.Failed, want, d)
 	}
 	// Indexes failed twice (once by the pod, once by the runtime's rewrite) are expected to
 	// fail with backoffLimitPerIndex 1; the others must complete.
