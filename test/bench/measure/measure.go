@@ -1,5 +1,5 @@
 // Package measure holds what coroner's benchmark programs (test/bench/...) share: the
-// percentile of a sample of durations, klog kept off the terminal so that a program's
+// percentile of a sample of durations, a process's CPU time from /proc, klog kept off the terminal so that a program's
 // table is all it prints, a program's main (root, signals, exit status), and for the
 // benchmarks on the lab: the lab that is up, its nodes, a pod watch that resumes.
 package measure

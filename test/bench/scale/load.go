@@ -25,6 +25,7 @@ import (
 
 	"github.com/coroner-dev/coroner/agent/fence"
 	"github.com/coroner-dev/coroner/cri"
+	"github.com/coroner-dev/coroner/test/bench/measure"
 	"github.com/coroner-dev/coroner/test/harness"
 )
 
@@ -403,3 +404,9 @@ type noRuntime struct{}
 
 func (noRuntime) RunningContainers(context.Context) ([]cri.Container, error) { return nil, nil }
 func (noRuntime) StopContainer(context.Context, string, time.Duration) error { return nil }
+
+// cpuSeconds is a process's user+system CPU time in seconds (0 when unreadable).
+func cpuSeconds(pid int) float64 {
+	d, _ := measure.CPUTime(pid)
+	return d.Seconds()
+}

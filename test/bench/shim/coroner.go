@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,7 +15,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -339,7 +337,7 @@ func (cp *childProcess) synced(ctx context.Context) (bool, error) {
 	return ok, err
 }
 
-func (cp *childProcess) cpu() (time.Duration, bool) { return cpuTime(cp.proc.PID()) }
+func (cp *childProcess) cpu() (time.Duration, bool) { return measure.CPUTime(cp.proc.PID()) }
 func (cp *childProcess) exited() <-chan error       { return cp.exit }
 func (cp *childProcess) pid() int                   { return cp.proc.PID() }
 
@@ -360,30 +358,6 @@ func (cp *childProcess) stop() {
 	cp.stopping.Store(true)
 	_ = cp.stdin.Close() // its EOF asks the child to stop; Stop makes sure it does
 	cp.proc.Stop(30 * time.Second)
-}
-
-// cpuTime reads the user and system CPU time of a process from /proc (in USER_HZ
-// ticks, 100 per second on Linux).
-func cpuTime(pid int) (time.Duration, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, false
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, false
-	}
-	return time.Duration(utime+stime) * 10 * time.Millisecond, true
 }
 
 // startProfiles starts the CPU profile of this process into dir; stop ends it.

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/coroner-dev/coroner/test/bench/measure"
 	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/host"
 )
@@ -106,7 +107,7 @@ func (cm *controllerManager) stop() {
 // synced; the warm-up Job shows it.
 func (cm *controllerManager) synced(context.Context) (bool, error) { return true, nil }
 
-func (cm *controllerManager) cpu() (time.Duration, bool) { return cpuTime(cm.proc.PID()) }
+func (cm *controllerManager) cpu() (time.Duration, bool) { return measure.CPUTime(cm.proc.PID()) }
 func (cm *controllerManager) pid() int                   { return cm.proc.PID() }
 
 // heapProfile reads kube-controller-manager's heap profile (--profiling is on by default).
