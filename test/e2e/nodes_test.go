@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"os"
 	"sync"
 	"testing"
@@ -71,18 +72,41 @@ func vmTurn(t *testing.T) {
 	start := time.Now()
 	vmLock.Lock()
 	t.Cleanup(vmLock.Unlock)
+	// Cleanups run last-registered first: the report comes while the case still holds the node.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the VM node when %s ended:\n%s", t.Name(), suite.cfg.VMHealth(context.Background()))
+		}
+	})
 	if w := time.Since(start); w > time.Second {
 		t.Logf("waited %v for the VM node", w.Round(time.Second))
 	}
 }
 
 // onEachNode runs the case f on every node configuration, in parallel subtests named by
-// the node.
+// the node: for a case whose outcome depends on the node's configuration (the cgroup
+// version and driver the OOM classification reads, the kubelet's eviction, the runtime's
+// events).
 func onEachNode(t *testing.T, f func(t *testing.T, node string)) {
+	onNodes(t, f, true)
+}
+
+// onEachNodeButVM is onEachNode for a case whose node part another case already checks on
+// the VM node (the exit stamp: ExitToStamp; the OOM stamp: TestLimitOOMFailsJob): the rest
+// is the shim's, the same on every node, so it skips the VM node, which takes one case at
+// a time and 1-2 minutes per case. CORONER_E2E_VM_ALL=1 runs it there too.
+func onEachNodeButVM(t *testing.T, f func(t *testing.T, node string)) {
+	onNodes(t, f, os.Getenv("CORONER_E2E_VM_ALL") == "1")
+}
+
+func onNodes(t *testing.T, f func(t *testing.T, node string), vmToo bool) {
 	if suite.skip != "" {
 		t.Skip(suite.skip)
 	}
 	for _, nc := range nodeConfigs() {
+		if nc.vm && !vmToo {
+			continue
+		}
 		t.Run(nc.node, func(t *testing.T) {
 			t.Parallel()
 			if nc.vm {

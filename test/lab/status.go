@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/coroner-dev/coroner/test/vm"
 )
 
 // ErrNotUp is Status's error when the lab is not (fully) up.
@@ -39,6 +41,13 @@ func Status(ctx context.Context, c Config) error {
 			}
 		}
 		fmt.Fprintf(w, "  %-32s pid %-7d %s\n", p.Name, p.PID, state)
+	}
+	if _, ok := vmRunning(st); ok {
+		state, err := vm.Status(ctx, c.vmMachine().QMP)
+		if err != nil {
+			state = err.Error()
+		}
+		fmt.Fprintf(w, "  %-32s %s\n", VMNode().Name+" guest (QMP)", state)
 	}
 	for _, n := range c.Nodes {
 		if cut, err := c.Partitioned(n.Name); err == nil && cut {

@@ -84,6 +84,7 @@ func (c Config) vmMachine() vm.Machine {
 		Overlay: filepath.Join(dir, "disk.qcow2"),
 		Console: filepath.Join(c.logDir(), "console-"+n.Name+".log"),
 		PIDFile: filepath.Join(dir, "qemu.pid"),
+		QMP:     filepath.Join(dir, "qmp.sock"),
 		Tap:     n.HostVeth,
 		MAC:     fmt.Sprintf("52:54:00:4d:00:%02x", 10+vmIndex),
 		Shares: []vm.Share{

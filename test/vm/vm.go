@@ -87,6 +87,10 @@ type Machine struct {
 	Accel string
 	// Cmdline is appended to the kernel command line.
 	Cmdline string
+	// QMP is the path of a unix socket for QEMU's machine protocol ("" for none): Status
+	// asks it whether the guest runs, or why QEMU stopped it (an I/O error on its disk, a
+	// guest panic), which the network cannot tell.
+	QMP string
 }
 
 // Accel is the accelerator to use: $LAB_VM_ACCEL when set ("kvm" or "tcg"), else kvm when
@@ -155,6 +159,9 @@ func (m Machine) Args() []string {
 		"-device", "virtio-balloon-pci,free-page-reporting=on",
 		"-pidfile", m.PIDFile,
 	)
+	if m.QMP != "" {
+		args = append(args, "-qmp", "unix:"+m.QMP+",server=on,wait=off")
+	}
 	if m.Tap != "" {
 		args = append(args, "-netdev", "tap,id=net0,ifname="+m.Tap+",script=no,downscript=no",
 			"-device", "virtio-net-pci,netdev=net0,mac="+m.MAC)
