@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -71,6 +73,7 @@ func TestRecordsWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	got = stored(t, dyn, "j")
+	sameAsServer(t, r, "ns/j", got)
 	if _, hasA := got.Pods["a"]; hasA || len(got.Pods) != 2 || got.Dropped[record.OutcomeSucceeded] != 1 || got.MaxPods != 2 {
 		t.Errorf("record = %+v, want b and c, a dropped as the oldest success", got)
 	}
@@ -98,8 +101,26 @@ func TestRecordsWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	got = stored(t, dyn, "j")
+	sameAsServer(t, r2, "ns/j", got)
 	if len(got.Pods) != 2 || got.Dropped[record.OutcomeDeleted] != 1 || got.Dropped[record.OutcomeSucceeded] != 1 {
 		t.Errorf("record = %+v, want b and d, c dropped as the oldest deletion", got)
+	}
+}
+
+// sameAsServer checks that what r keeps of the record after its patch (built from what it
+// sent, not read from the answer) is what the server stores: the entries, the drops, the
+// bound and the resourceVersion the next patch is conditioned on.
+func sameAsServer(t *testing.T, r *records, key string, server *record.JobRecord) {
+	t.Helper()
+	r.mu.Lock()
+	kept := r.stored[key]
+	r.mu.Unlock()
+	if kept == nil {
+		t.Fatalf("%s: nothing kept after the write", key)
+	}
+	if kept.ResourceVersion != server.ResourceVersion || kept.MaxPods != server.MaxPods ||
+		!equality.Semantic.DeepEqual(kept.Pods, server.Pods) || !maps.Equal(kept.Dropped, server.Dropped) {
+		t.Errorf("%s: kept %+v, the server has %+v", key, kept, server)
 	}
 }
 

@@ -168,7 +168,12 @@ func (c Config) StartKubelet(node string) (int, error) {
 	if p, ok := st.proc("kubelet-" + node); ok && p.running() {
 		return 0, fmt.Errorf("the kubelet of %s runs already (pid %d)", node, p.PID)
 	}
+	started := time.Now()
 	if err := c.startKubelet(st, n); err != nil {
+		return 0, err
+	}
+	// Another kubelet may be starting too (devicePluginSocket).
+	if err := c.waitDeviceManager(context.Background(), st, n, started); err != nil {
 		return 0, err
 	}
 	p, _ := st.proc("kubelet-" + node)

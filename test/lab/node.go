@@ -3,9 +3,11 @@ package lab
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -265,6 +267,53 @@ func (c Config) startKubelet(st *State, n Node) error {
 	}
 	p.Node = n.Name
 	return st.addProc(p)
+}
+
+// devicePluginSocket is the kubelet device manager's socket, at a fixed path (not under
+// --root-dir): the lab's kubelets share it. A kubelet starting its device manager removes
+// every socket in that directory, then listens there, so two kubelets starting together
+// can interleave (A removes, B removes, B listens, A listens: "bind: address already in
+// use", and A exits: a cold CI run's second lab failed so). Up starts them one after
+// another, each once the one before it listens there (waitDeviceManager).
+const devicePluginSocket = "/var/lib/kubelet/device-plugins/kubelet.sock"
+
+// deviceManagerTimeout bounds the wait for a kubelet's device manager: about a second
+// after its start here, more on a loaded host.
+const deviceManagerTimeout = 2 * time.Minute
+
+// waitDeviceManager waits until the node's kubelet, started at started, listens on
+// devicePluginSocket: a socket made since (its change time; the socket a kubelet before
+// it made is older) that takes a connection.
+func (c Config) waitDeviceManager(ctx context.Context, st *State, n Node, started time.Time) error {
+	p, ok := st.proc("kubelet-" + n.Name)
+	if !ok {
+		return fmt.Errorf("no kubelet of %s in the lab's state", n.Name)
+	}
+	return Poll(ctx, deviceManagerTimeout, p.Name+" listening on "+devicePluginSocket, func() (bool, error) {
+		if !p.running() {
+			return false, fmt.Errorf("%s exited:\n%s", p.Name, logTail(p.Log, 3000))
+		}
+		made, ok := socketMade(devicePluginSocket)
+		// The file system's clock is coarse (a tick behind the wall clock at most).
+		if !ok || made.Before(started.Add(-50*time.Millisecond)) {
+			return false, nil
+		}
+		conn, err := net.DialTimeout("unix", devicePluginSocket, time.Second)
+		if err != nil {
+			return false, nil
+		}
+		_ = conn.Close()
+		return true, nil
+	})
+}
+
+// socketMade is the change time of the unix socket at path; false when there is none.
+func socketMade(path string) (time.Time, bool) {
+	var s syscall.Stat_t
+	if err := syscall.Stat(path, &s); err != nil || s.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
+		return time.Time{}, false
+	}
+	return time.Unix(s.Ctim.Sec, s.Ctim.Nsec), true
 }
 
 // waitNodesReady waits until every lab node is registered and Ready, and says which are

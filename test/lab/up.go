@@ -290,7 +290,11 @@ func (c Config) startNodes(ctx context.Context, st *State, p *clusterPKI, imgs [
 		}
 	}
 	for _, n := range c.Nodes {
+		started := time.Now()
 		if err := c.startKubelet(st, n); err != nil {
+			return fmt.Errorf("%s: %w", n.Name, err)
+		}
+		if err := c.waitDeviceManager(ctx, st, n, started); err != nil {
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}
 	}
