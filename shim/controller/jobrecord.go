@@ -131,14 +131,12 @@ func (r *records) write(ctx context.Context, key string, job *batchv1.Job, entri
 		r.forget(key)
 		return fmt.Errorf("writing the JobRecord of Job %s: %w", key, err)
 	}
-	// The stored record is now stored patched: next, under the answer's resourceVersion.
-	// Kept from what was sent, not decoded from the answer, which is the whole record
-	// (about 1 MB at 2,000 entries) and whose conversion to a JobRecord cost more than the
-	// rest of a sync. The merge patch sets exactly next's entries, drops and bound
-	// (record.MergePatch); the server adds metadata only (resourceVersion, managedFields).
-	stored.Set(next, r.max)
-	stored.ResourceVersion = res.GetResourceVersion()
-	r.written(key, stored, "patch", len(patch), entries)
+	o, err := fromUnstructured(res)
+	if err != nil {
+		r.forget(key)
+		return err
+	}
+	r.written(key, o, "patch", len(patch), entries)
 	logger.V(4).Info("Wrote the Job's record", "entries", len(next.Entries), "patchBytes", len(patch))
 	return nil
 }

@@ -108,10 +108,9 @@ type Decision struct {
 }
 
 // Of is the entry for p (not modified) as it leaves the Job with decision d, recorded at
-// now, to the second: as the API server stores it, so that the shim's copy of a record it
-// patched is the stored one.
+// now.
 func Of(p *corev1.Pod, d Decision, now metav1.Time) Entry {
-	e := Entry{Name: p.Name, Node: p.Spec.NodeName, Phase: p.Status.Phase, Outcome: d.Outcome, Grown: d.Grown, Consequence: d.Consequence, Why: d.Why, Recorded: now.Rfc3339Copy()}
+	e := Entry{Name: p.Name, Node: p.Spec.NodeName, Phase: p.Status.Phase, Outcome: d.Outcome, Grown: d.Grown, Consequence: d.Consequence, Why: d.Why, Recorded: now}
 	if ix, ok := completionIndex(p); ok {
 		e.Index = &ix
 	}
