@@ -107,9 +107,9 @@ func TestRecordsWrite(t *testing.T) {
 	}
 }
 
-// sameAsServer checks that what r keeps of the record after its patch (built from what it
-// sent, not read from the answer) is what the server stores: the entries, the drops, the
-// bound and the resourceVersion the next patch is conditioned on.
+// sameAsServer checks that what r keeps of the record after its write is what the server
+// stores: the entries, the drops, the bound and the resourceVersion the next patch is
+// conditioned on.
 func sameAsServer(t *testing.T, r *records, key string, server *record.JobRecord) {
 	t.Helper()
 	r.mu.Lock()

@@ -27,3 +27,27 @@ func TestArgsInside(t *testing.T) {
 		}
 	}
 }
+
+// TestKiBField: fields of /proc/PID/status and /proc/meminfo as this machine's kernel
+// (6.18) prints them.
+func TestKiBField(t *testing.T) {
+	status := "Name:\tcat\nVmPeak:\t    5004 kB\nVmRSS:\t    1792 kB\nThreads:\t1\n"
+	meminfo := "MemTotal:       24598020 kB\nMemFree:         4303896 kB\nMemAvailable:   23211372 kB\n"
+	for _, tc := range []struct {
+		content, key string
+		want         int64
+	}{
+		{status, "VmRSS", 1792 * 1024},
+		{meminfo, "MemAvailable", 23211372 * 1024},
+	} {
+		if got, err := KiBField(tc.content, tc.key); err != nil || got != tc.want {
+			t.Errorf("%s: %d, %v; want %d", tc.key, got, err, tc.want)
+		}
+	}
+	if _, err := KiBField(status, "VmHWM"); err == nil {
+		t.Error("a missing field: no error")
+	}
+	if _, err := KiBField("VmRSS:\n", "VmRSS"); err == nil {
+		t.Error("an empty field: no error")
+	}
+}

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/coroner-dev/coroner/test/host"
 	"github.com/coroner-dev/coroner/test/vm"
 )
 
@@ -62,14 +62,5 @@ func memAvailable() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
-			f := strings.Fields(rest)
-			if len(f) > 0 {
-				kb, err := strconv.ParseInt(f[0], 10, 64)
-				return kb * 1024, err
-			}
-		}
-	}
-	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
+	return host.KiBField(string(b), "MemAvailable")
 }

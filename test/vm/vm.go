@@ -22,6 +22,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/coroner-dev/coroner/test/host"
 )
 
 // GuestScript is guest.sh, which the caller writes into the node share as guest.sh.
@@ -185,16 +187,7 @@ func RSS(pid int) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			f := strings.Fields(rest)
-			if len(f) >= 1 {
-				kb, err := strconv.ParseInt(f[0], 10, 64)
-				return kb * 1024, err
-			}
-		}
-	}
-	return 0, errors.New("no VmRSS")
+	return host.KiBField(string(b), "VmRSS")
 }
 
 // Tail is the end of a file (the console), at most n bytes.

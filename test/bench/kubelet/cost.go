@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/coroner-dev/coroner/test/host"
+
 	"bufio"
 	"context"
 	"encoding/json"
@@ -217,16 +219,8 @@ func statCPUTicks(stat string) (int64, error) {
 
 // statusRSS is VmRSS of a /proc/PID/status, in bytes.
 func statusRSS(status string) (float64, error) {
-	for line := range strings.SplitSeq(status, "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			f := strings.Fields(rest)
-			if len(f) > 0 {
-				kb, err := strconv.ParseFloat(f[0], 64)
-				return kb * 1024, err
-			}
-		}
-	}
-	return 0, errors.New("no VmRSS")
+	b, err := host.KiBField(status, "VmRSS")
+	return float64(b), err
 }
 
 // labProc is an entry of the lab's state.json (test/lab.Proc).
