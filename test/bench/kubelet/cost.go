@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/coroner-dev/coroner/test/host"
-
 	"bufio"
 	"context"
 	"encoding/json"
@@ -20,6 +18,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/coroner-dev/coroner/test/host"
 )
 
 // The processes' cost (issue 14, item 4): the agent's and the kubelet's resident memory
