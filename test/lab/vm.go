@@ -540,18 +540,33 @@ echo "coroner-oom cgroup=${cg#/sys/fs/cgroup/} limit=$usage orig=$orig kills=$((
 // allocatable memory, saw less than 100 MiB available and evicted the pod first (then kept
 // the node's MemoryPressure condition for 5 minutes, rejecting new pods).
 //
-// So this squeeze makes the kernel kill at once: it waits until the pod's cgroup (%[1]s,
-// the candidate paths of its slice) holds 32 MiB of anonymous memory (the pod grows), then
-// writes a memory.max to kubepods.slice below what reclaim can reach: its usage minus its
-// page cache minus half the pod's anonymous memory. The kernel, failing to reclaim that
-// much, runs the OOM killer from the write itself; the pod (the biggest, and BestEffort)
-// is its victim, and once its memory is freed the usage is well below the limit. The write
-// keeps reclaiming and killing until the usage fits, so a background writer does it, and
-// as soon as memory.events counts a kill the writer is killed (a signal ends the kernel's
-// loop) and the limit put back: no second victim, whatever a slow guest takes to free the
-// first. %[2]d microseconds bound the wait for the pod's growth and for the kill; a trap
-// restores the limit if the shell is interrupted. Its last line says what it did, as
-// vmSqueeze's does.
+// So this squeeze makes the kernel kill at once: it writes a memory.max to kubepods.slice
+// below what reclaim can reach, its usage minus its page cache minus 8 MiB. The kernel,
+// failing to reclaim that much, runs the OOM killer from the write itself; the pod (the
+// biggest, and BestEffort) is its victim. The write keeps reclaiming and killing until the
+// usage fits, so a background writer does it, and as soon as memory.events counts a kill
+// the writer is killed (a signal ends the kernel's loop) and the limit put back.
+//
+// That alone did not keep the kill to one: reclaim takes the page cache that the node's
+// tasks have mapped too (their code: 37 of the 43 MiB of kubepods.slice's cache on this
+// VM), they fault it back in as they run, and a slow guest took 45-135 ms to free the
+// victim, longer than this script took to see the kill. With a victim of 32 MiB and the
+// limit half of it below, the others' code no longer fit once the victim was gone, and the
+// writer's loop killed the agent (at -999, so last) in 8 of session 15's 50 node OOMs. So
+// the squeeze waits until the pod's cgroup (%[1]s, the candidate paths of its slice) holds
+// more anonymous memory than kubepods.slice has mapped, plus 32 MiB (the pod grows): once
+// it is gone, everything else fits under the limit with the code it had mapped back in,
+// with 24 MiB to spare. That was not enough either (the agent killed twice in 12 node
+// OOMs: code that earlier squeezes had pushed out, and that was not back yet, was not in
+// the count), so the writer also makes itself the next victim: it moves into a cgroup of
+// its own under kubepods.slice (coroner-squeeze, removed afterwards; the kubelet cleans up
+// only cgroups named after pods) with oom_score_adj 1000; should its loop kill again, the
+// kernel picks the writer (a BestEffort pod's process scores as high and holds more; the
+// agent is at -999, pause at -998), and that ends the loop.
+//
+// %[2]d microseconds bound the wait for the pod's growth and for the kill; a trap restores
+// the limit if the shell is interrupted. Its last line says what it did, as vmSqueeze's
+// does.
 const vmNodeSqueeze = `set -u
 kp=/sys/fs/cgroup/kubepods.slice
 pod=
@@ -562,20 +577,21 @@ restore() { echo "$orig" >"$kp/memory.max"; }
 kills() { K=0; while read -r k v; do [ "$k" = oom_kill ] && K=$v; done <"$kp/memory.events"; }
 stat() { V=0; while read -r k v; do [ "$k" = "$2" ] && V=$v; done <"$1/memory.stat"; }
 start=${EPOCHREALTIME/./}; now=$start
-while stat "$pod" anon; [ "$V" -lt 33554432 ]; do
+while stat "$kp" file_mapped; need=$((V + 33554432)); stat "$pod" anon; [ "$V" -lt "$need" ]; do
 	now=${EPOCHREALTIME/./}
-	[ $((now - start)) -ge %[2]d ] && { echo "coroner-oom: the pod's anonymous memory stayed at $V bytes, below 32 MiB (is it allocating?)"; exit 5; }
+	[ $((now - start)) -ge %[2]d ] && { echo "coroner-oom: the pod's anonymous memory stayed at $V bytes, below $need (kubepods.slice's mapped pages and 32 MiB; is it allocating?)"; exit 5; }
 	sleep 0.1
 done
-victim=$V
 read -r usage <"$kp/memory.current"
 stat "$kp" file
-limit=$((usage - V - victim / 2))
-trap 'kill -KILL $w 2>/dev/null; restore' EXIT
+limit=$((usage - V - 8388608))
+sq=$kp/coroner-squeeze
+trap 'kill -KILL $w 2>/dev/null; restore; rmdir "$sq" 2>/dev/null' EXIT
 trap 'exit 1' HUP INT TERM PIPE
 kills; before=$K
 start=${EPOCHREALTIME/./}; now=$start
-( echo "$limit" >"$kp/memory.max" ) 2>/dev/null & w=$!
+mkdir -p "$sq"
+( echo "$BASHPID" >"$sq/cgroup.procs" && echo 1000 >/proc/self/oom_score_adj && echo "$limit" >"$kp/memory.max" ) 2>/dev/null & w=$!
 while :; do
 	kills
 	[ "$K" -gt "$before" ] && { kill -KILL $w 2>/dev/null; restore; now=${EPOCHREALTIME/./}; break; }
@@ -584,6 +600,7 @@ while :; do
 done
 kill -KILL $w 2>/dev/null; wait $w 2>/dev/null
 restore
+rmdir "$sq" 2>/dev/null
 trap - EXIT
 sleep 0.05; kills
 echo "coroner-oom cgroup=kubepods.slice limit=$limit orig=$orig kills=$((K - before)) took_us=$((now - start))"
