@@ -46,8 +46,11 @@ const (
 )
 
 // kwokConfig writes kwok's --config into dir: its module's node-initialize and
-// node-heartbeat-with-lease stages, the latter's delay made the kubelet's.
-func kwokConfig(ctx context.Context, dir string) (string, error) {
+// node-heartbeat-with-lease stages, the latter's delay made the kubelet's; with pods, also
+// its fast pod stages that make a bound pod Running at once (pod-ready) and delete a pod
+// being deleted at once (pod-delete, as a kubelet confirms its end), but not the one that
+// completes a Job's pods (pod-complete): the outage's pods run until the end.
+func kwokConfig(ctx context.Context, dir string, pods bool) (string, error) {
 	out, err := exec.CommandContext(ctx, "go", "mod", "download", "-json", "sigs.k8s.io/kwok@"+kwokVersion).Output()
 	if err != nil {
 		return "", fmt.Errorf("go mod download sigs.k8s.io/kwok@%s (its stage files): %w", kwokVersion, err)
@@ -73,18 +76,33 @@ func kwokConfig(ctx context.Context, dir string) (string, error) {
 		return "", fmt.Errorf("kwok %s's heartbeat stage has no %q to replace", kwokVersion, want)
 	}
 	heartbeat = strings.Replace(heartbeat, want, fmt.Sprintf("durationMilliseconds: %d\n    jitterDurationMilliseconds: %d", statusDelayMs, statusJitterMs), 1)
+	stages := []string{initialize, heartbeat}
+	if pods {
+		for _, rel := range []string{"pod/fast/pod-ready.yaml", "pod/fast/pod-delete.yaml"} {
+			st, err := read(rel)
+			if err != nil {
+				return "", err
+			}
+			stages = append(stages, st)
+		}
+	}
+	for i := range stages {
+		stages[i] = strings.TrimSpace(stages[i])
+	}
 	path := filepath.Join(dir, "kwok.yaml")
-	body := strings.TrimSpace(initialize) + "\n---\n" + strings.TrimSpace(heartbeat) + "\n"
+	body := strings.Join(stages, "\n---\n") + "\n"
 	return path, os.WriteFile(path, []byte(body), 0o644)
 }
 
-// startKwok runs kwok against env, managing the Nodes annotated kwokAnnotation.
-func startKwok(ctx context.Context, env *harness.Env, binDir string) (*host.Process, error) {
+// startKwok runs kwok against env, managing the Nodes annotated kwokAnnotation (and, with
+// pods, their pods); with a label selector, only those of them it selects. name names its
+// log.
+func startKwok(ctx context.Context, env *harness.Env, binDir, name string, pods bool, labelSelector string) (*host.Process, error) {
 	bin := filepath.Join(binDir, "kwok")
 	if _, err := os.Stat(bin); err != nil {
 		return nil, fmt.Errorf("%w: run `test/tools/build.sh kwok` first", err)
 	}
-	cfg, err := kwokConfig(ctx, env.Dir)
+	cfg, err := kwokConfig(ctx, env.Dir, pods)
 	if err != nil {
 		return nil, err
 	}
@@ -94,20 +112,29 @@ func startKwok(ctx context.Context, env *harness.Env, binDir string) (*host.Proc
 	}
 	addr := l.Addr().String()
 	_ = l.Close()
-	return host.StartProcess(env.Dir, "kwok", bin,
-		"--kubeconfig="+env.Kubeconfig,
-		"--config="+cfg,
-		"--manage-nodes-with-annotation-selector="+kwokAnnotation+"="+kwokValue,
+	args := []string{
+		"--kubeconfig=" + env.Kubeconfig,
+		"--config=" + cfg,
+		"--manage-nodes-with-annotation-selector=" + kwokAnnotation + "=" + kwokValue,
 		"--node-lease-duration-seconds=40",
-		"--server-address="+addr,
-	)
+		"--server-address=" + addr,
+	}
+	if labelSelector != "" {
+		args = append(args, "--manage-nodes-with-label-selector="+labelSelector)
+	}
+	return host.StartProcess(env.Dir, name, bin, args...)
 }
 
 // nodeName is the name of simulated node i.
 func nodeName(i int) string { return fmt.Sprintf("kwok-node-%05d", i) }
 
-// createNodes creates n Nodes for kwok, 16 at a time.
-func createNodes(ctx context.Context, cs kubernetes.Interface, n int) error {
+// darkLabel marks the nodes that the outage scenario stops (a kwok of their own manages
+// them, and is stopped).
+const darkLabel = "bench.coroner.dev/outage"
+
+// createNodes creates n Nodes for kwok, 16 at a time; the first dark of them labelled
+// darkLabel=dark.
+func createNodes(ctx context.Context, cs kubernetes.Interface, n, dark int) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
@@ -124,8 +151,11 @@ func createNodes(ctx context.Context, cs kubernetes.Interface, n int) error {
 					Name:        nodeName(i),
 					Annotations: map[string]string{kwokAnnotation: kwokValue},
 					Labels: map[string]string{"type": "kwok", corev1.LabelHostname: nodeName(i),
-						zoneLabel: fmt.Sprintf("zone-%02d", i/nodesPerZone)},
+						zoneLabel: fmt.Sprintf("zone-%02d", i/nodesPerZone), darkLabel: "lit"},
 				}}
+				if i < dark {
+					node.Labels[darkLabel] = "dark"
+				}
 				if _, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 					errs <- fmt.Errorf("creating node %s: %w", node.Name, err)
 					return

@@ -66,14 +66,14 @@ func runLoad(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
-	kwok, err := startKwok(ctx, env, c.binDir)
+	kwok, err := startKwok(ctx, env, c.binDir, "kwok", false, "")
 	if err != nil {
 		return err
 	}
 	defer kwok.Stop(10 * time.Second)
 	fmt.Printf("bench-scale load: %d kwok nodes on kube-apiserver %s (working directory %s)\n", c.nodes, env.ServerVersion, env.Dir)
 	t := time.Now()
-	if err := createNodes(ctx, cs, c.nodes); err != nil {
+	if err := createNodes(ctx, cs, c.nodes, 0); err != nil {
 		return err
 	}
 	if err := waitNodesAlive(ctx, cs, c.nodes, 10*time.Minute); err != nil {

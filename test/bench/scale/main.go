@@ -4,6 +4,20 @@
 // test/tools/build.sh kwok) the way kubelets keep theirs, and coroner's parts run with
 // their own code where they load the API server.
 //
+// Scenario "outage" (first): a zone goes dark. On the same control plane, with
+// kube-scheduler, kube-controller-manager's Job, node lifecycle, taint eviction and pod GC
+// controllers, and coroner-shim (the binary, as in production), --pods pods of Indexed Jobs
+// handed to coroner (opted in to the recovery of their pods, podFailurePolicy Ignore on
+// DisruptionTarget) and --builtin-pods of the same Jobs left to the built-in controller
+// (podReplacementPolicy TerminatingOrFailed) run on the kwok nodes (kwok's fast pod stages
+// make them Running), each node with a fencing agent (fence.Fencer, as coroner-agent
+// runs it). Then the first --down nodes (zone-00) and their agents stop at once: kwok's
+// annotation is taken off them, so their Leases lapse and nothing confirms their pods'
+// end. Measured per controller: how many pods were lost, the time from the outage and
+// from the node's unreachable taint to each replacement Running (p50, p99, max), how many
+// within 90 s of the taint (the goal), indexes replaced twice, replacements of
+// pods that were not lost, and the API server's requests/s at rest and over the storm.
+//
 // Scenario "load": the API writes coroner's agents add at rest beside the kubelets'. kwok
 // renews each node's Lease in kube-node-lease every 10 s (the kubelet's renew interval, a
 // quarter of the 40 s lease) and reports node status every 150-450 s (the kubelet reports
@@ -24,7 +38,7 @@
 // its own connection and limit; the API server's work per request is the same).
 //
 // Every figure is printed side by side with the ratios, and written to
-// _output/bench/scale-<scenario>.json.
+// _output/bench/scale-<scenario>.json (scale-outage.json, scale-load.json).
 package main
 
 import (
@@ -44,6 +58,7 @@ import (
 )
 
 type config struct {
+	scenarios  []string
 	nodes      int
 	window     time.Duration
 	fenceAfter time.Duration
@@ -51,7 +66,16 @@ type config struct {
 	binDir     string
 	jsonDir    string
 	keep       bool
+	// The outage scenario's.
+	down        int
+	pods        int
+	builtinPods int
+	shimQPS     int
+	outageWait  time.Duration
 }
+
+// The scenarios, in the order they run.
+var allScenarios = []string{"outage", "load"}
 
 func main() {
 	root, err := host.RepoRoot()
@@ -60,8 +84,15 @@ func main() {
 		os.Exit(1)
 	}
 	c := config{nodes: 5000, window: 4 * time.Minute, fenceAfter: 2 * time.Minute,
-		binDir: filepath.Join(root, "_output", "bin"), jsonDir: filepath.Join(root, "_output", "bench")}
+		binDir: filepath.Join(root, "_output", "bin"), jsonDir: filepath.Join(root, "_output", "bench"),
+		down: nodesPerZone, pods: 10000, builtinPods: 2000, shimQPS: 50, outageWait: 6 * time.Minute}
 	fs := flag.NewFlagSet("bench-scale", flag.ContinueOnError)
+	scenariosFlag := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run, in this order: outage (a zone of nodes and their agents stop at once: pods replaced by coroner and by the built-in controller), load (the agents' API writes at rest beside the kubelets')")
+	fs.IntVar(&c.down, "down", c.down, "outage: nodes that stop at once (the first zone's, then the next)")
+	fs.IntVar(&c.pods, "pods", c.pods, "outage: pods of the Jobs handed to coroner (Indexed Jobs of 100, opted in to recovery)")
+	fs.IntVar(&c.builtinPods, "builtin-pods", c.builtinPods, "outage: pods of the built-in controller's Jobs (podReplacementPolicy TerminatingOrFailed); 0 runs none")
+	fs.IntVar(&c.shimQPS, "shim-qps", c.shimQPS, "outage: coroner-shim's --kube-api-qps (its default 50; burst twice that)")
+	fs.DurationVar(&c.outageWait, "outage-wait", c.outageWait, "outage: how long after the outage to wait for the replacements")
 	fs.IntVar(&c.nodes, "nodes", c.nodes, "simulated nodes (kwok)")
 	fs.DurationVar(&c.window, "window", c.window, "each measuring window of the load scenario (the kubelets alone, then with the agents); at least 1m")
 	fs.DurationVar(&c.fenceAfter, "fence-after", c.fenceAfter, "the agents' --fence-after (coroner-agent's default: 2m)")
@@ -73,6 +104,12 @@ func main() {
 		os.Exit(2)
 	}
 	var bad []string
+	for _, sc := range strings.Split(*scenariosFlag, ",") {
+		if !slices.Contains(allScenarios, sc) {
+			bad = append(bad, fmt.Sprintf("--scenarios: unknown scenario %q (want some of %s)", sc, strings.Join(allScenarios, ",")))
+		}
+		c.scenarios = append(c.scenarios, sc)
+	}
 	for _, m := range strings.Split(*modesFlag, ",") {
 		if !slices.Contains(allModes, m) {
 			bad = append(bad, fmt.Sprintf("--agents: unknown mode %q (want some of %s)", m, strings.Join(allModes, ",")))
@@ -88,6 +125,18 @@ func main() {
 	if c.fenceAfter < 10*time.Second {
 		bad = append(bad, fmt.Sprintf("--fence-after=%v: the agent takes at least 10s", c.fenceAfter))
 	}
+	if c.down < 1 || c.down > c.nodes {
+		bad = append(bad, fmt.Sprintf("--down=%d: want 1 to --nodes (%d)", c.down, c.nodes))
+	}
+	if c.pods < 1 || c.builtinPods < 0 {
+		bad = append(bad, fmt.Sprintf("--pods=%d --builtin-pods=%d: want at least 1 and 0", c.pods, c.builtinPods))
+	}
+	if c.shimQPS < 1 {
+		bad = append(bad, fmt.Sprintf("--shim-qps=%d: want at least 1", c.shimQPS))
+	}
+	if c.outageWait < time.Minute {
+		bad = append(bad, fmt.Sprintf("--outage-wait=%v: want at least 1m (the node controller taints after about 50 s)", c.outageWait))
+	}
 	if len(bad) > 0 {
 		for _, b := range bad {
 			fmt.Fprintln(os.Stderr, "bench-scale: "+b)
@@ -97,9 +146,15 @@ func main() {
 	measure.QuietKlog("", 0)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := runLoad(ctx, c); err != nil {
-		stop()
-		fmt.Fprintf(os.Stderr, "bench-scale: %v\n", err)
-		os.Exit(1)
+	run := map[string]func(context.Context, config) error{"outage": runOutage, "load": runLoad}
+	for _, sc := range allScenarios {
+		if !slices.Contains(c.scenarios, sc) {
+			continue
+		}
+		if err := run[sc](ctx, c); err != nil {
+			stop()
+			fmt.Fprintf(os.Stderr, "bench-scale %s: %v\n", sc, err)
+			os.Exit(1)
+		}
 	}
 }

@@ -24,15 +24,39 @@ type writeCounts map[writeKey]float64
 // scrapeWrites reads the API server's apiserver_request_total and sums its write verbs by
 // verb, resource and subresource.
 func scrapeWrites(ctx context.Context, cs kubernetes.Interface) (writeCounts, error) {
+	all, err := scrapeRequests(ctx, cs)
+	return writesOnly(all), err
+}
+
+// scrapeRequests is scrapeWrites for every verb, reads and watches too.
+func scrapeRequests(ctx context.Context, cs kubernetes.Interface) (writeCounts, error) {
 	body, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading the API server's /metrics: %w", err)
 	}
-	return parseWrites(string(body))
+	return parseRequests(string(body))
+}
+
+// writesOnly keeps the write verbs of r.
+func writesOnly[M ~map[writeKey]float64](r M) M {
+	out := M{}
+	for k, v := range r {
+		if verb, _, _ := strings.Cut(string(k), " "); writeVerbs[verb] {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // parseWrites is scrapeWrites's reading of the text exposition format.
 func parseWrites(text string) (writeCounts, error) {
+	all, err := parseRequests(text)
+	return writesOnly(all), err
+}
+
+// parseRequests reads apiserver_request_total from the text exposition format, summed by
+// verb, resource and subresource.
+func parseRequests(text string) (writeCounts, error) {
 	out := writeCounts{}
 	sc := bufio.NewScanner(strings.NewReader(text))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -47,9 +71,6 @@ func parseWrites(text string) (writeCounts, error) {
 			return nil, fmt.Errorf("odd metric line %q", line)
 		}
 		labels := parseLabels(line[len(name):end])
-		if !writeVerbs[labels["verb"]] {
-			continue
-		}
 		v, err := strconv.ParseFloat(strings.TrimSpace(line[end+1:]), 64)
 		if err != nil {
 			return nil, fmt.Errorf("odd metric value in %q: %w", line, err)
