@@ -11,9 +11,10 @@
 // DisruptionTarget) and --builtin-pods of the same Jobs left to the built-in controller
 // (podReplacementPolicy TerminatingOrFailed) run on the kwok nodes (kwok's fast pod stages
 // make them Running), each node with a fencing agent (fence.Fencer, as coroner-agent
-// runs it). Then the first --down nodes (zone-00) and their agents stop at once: kwok's
-// annotation is taken off them, so their Leases lapse and nothing confirms their pods'
-// end. Measured per controller: how many pods were lost, the time from the outage and
+// runs it). Then the first --down nodes (zone-00) and their agents stop at once: those
+// nodes have a kwok of their own (a label selects them), which is stopped, so their Leases
+// lapse and nothing confirms their pods' end (kwok keeps managing a node whose annotation
+// is taken off). Measured per controller: how many pods were lost, the time from the outage and
 // from the node's unreachable taint to each replacement Running (p50, p99, max), how many
 // within 90 s of the taint (the goal), indexes replaced twice, replacements of
 // pods that were not lost, and the API server's requests/s at rest and over the storm.
