@@ -106,12 +106,10 @@ func startKwok(ctx context.Context, env *harness.Env, binDir, name string, pods 
 	if err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	addr := l.Addr().String()
-	_ = l.Close()
 	args := []string{
 		"--kubeconfig=" + env.Kubeconfig,
 		"--config=" + cfg,
@@ -214,4 +212,14 @@ func countLeases(ls []coordinationv1.Lease, prefix string) int {
 		}
 	}
 	return n
+}
+
+// freeAddr is a free 127.0.0.1:port for a process to listen on.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().String(), nil
 }

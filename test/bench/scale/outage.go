@@ -566,12 +566,10 @@ current-context: proxy
 	if err := os.WriteFile(kubeconfig, []byte(body), 0o600); err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	addr := l.Addr().String()
-	_ = l.Close()
 	cmd := exec.Command(bin,
 		"--kubeconfig="+kubeconfig,
 		"--leader-elect=false",
