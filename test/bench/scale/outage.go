@@ -122,6 +122,7 @@ func slotKey(ns, job, index string) string { return ns + "/" + job + "/" + index
 
 func runOutage(ctx context.Context, c config) error {
 	began := time.Now()
+	c.nodes = c.outageNodes // its own size: the agents, startFencers and the rest read c.nodes
 	res := outageResult{Nodes: c.nodes, Down: c.down, FenceAfter: c.fenceAfter.String(), ShimQPS: c.shimQPS, Wait: c.outageWait.String(), Setup: map[string]any{}}
 	shimBin := filepath.Join(c.binDir, "coroner-shim")
 	if _, err := os.Stat(shimBin); err != nil {
