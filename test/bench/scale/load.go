@@ -220,8 +220,7 @@ func measureAgents(ctx context.Context, c config, env *harness.Env, cs kubernete
 		switch mode {
 		case modeRenew:
 			m.Period = period.String()
-			f, err := fence.New(fence.Config{NodeName: node, Namespace: agentNamespace, FenceAfter: c.fenceAfter,
-				Client: acs, Runtime: noRuntime{}, Pods: func() []*corev1.Pod { return nil }, Recorder: &record.FakeRecorder{}})
+			f, err := newFencer(node, acs, c.fenceAfter)
 			if err != nil {
 				return m, err
 			}
@@ -398,6 +397,13 @@ func (w *writeCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// newFencer is coroner-agent's fencing for node, as the agent runs it, on a node without
+// containers: it only renews its Lease (and would fence nothing).
+func newFencer(node string, acs kubernetes.Interface, fenceAfter time.Duration) (*fence.Fencer, error) {
+	return fence.New(fence.Config{NodeName: node, Namespace: agentNamespace, FenceAfter: fenceAfter,
+		Client: acs, Runtime: noRuntime{}, Pods: func() []*corev1.Pod { return nil }, Recorder: &record.FakeRecorder{}})
+}
 
 // noRuntime is a node without containers: the fencers only renew.
 type noRuntime struct{}

@@ -48,12 +48,6 @@ func writesOnly[M ~map[writeKey]float64](r M) M {
 	return out
 }
 
-// parseWrites is scrapeWrites's reading of the text exposition format.
-func parseWrites(text string) (writeCounts, error) {
-	all, err := parseRequests(text)
-	return writesOnly(all), err
-}
-
 // parseRequests reads apiserver_request_total from the text exposition format, summed by
 // verb, resource and subresource.
 func parseRequests(text string) (writeCounts, error) {

@@ -14,10 +14,11 @@ func TestParseWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := parseWrites(string(b))
+	all, err := parseRequests(string(b))
 	if err != nil {
 		t.Fatal(err)
 	}
+	w := writesOnly(all)
 	sum := 0.0
 	for _, v := range w {
 		sum += v
@@ -35,7 +36,7 @@ func TestParseWrites(t *testing.T) {
 			t.Errorf("a read counted as a write: %s", k)
 		}
 	}
-	if _, err := parseWrites("apiserver_request_total{verb=\"PUT\",resource=\"leases\"} x\n"); err == nil {
+	if _, err := parseRequests("apiserver_request_total{verb=\"PUT\",resource=\"leases\"} x\n"); err == nil {
 		t.Error("a value that is not a number was accepted")
 	}
 }

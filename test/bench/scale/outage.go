@@ -27,7 +27,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/agent/fence"
@@ -514,8 +513,7 @@ func startFencers(ctx context.Context, env *harness.Env, c config) (stop func(st
 	cancels := map[string]context.CancelFunc{}
 	for i := range c.nodes {
 		node := nodeName(i)
-		f, err := fence.New(fence.Config{NodeName: node, Namespace: agentNamespace, FenceAfter: c.fenceAfter,
-			Client: acs, Runtime: noRuntime{}, Pods: func() []*corev1.Pod { return nil }, Recorder: &record.FakeRecorder{}})
+		f, err := newFencer(node, acs, c.fenceAfter)
 		if err != nil {
 			cancelAll()
 			return nil, nil, err
