@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/coroner-dev/coroner/test/host"
 )
 
 // Our dockerd: data root, exec root, socket, pidfile and log under _output/kind/docker.
@@ -173,7 +175,8 @@ func (c Config) unmountUnder(dir string) error {
 
 // goBuild builds a static binary of the main module.
 func (c Config) goBuild(ctx context.Context, out, pkg string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	args := append(append([]string{"build"}, host.ProductBuildFlags...), "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = c.Root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 
+	"github.com/coroner-dev/coroner/test/host"
 	"github.com/coroner-dev/coroner/test/images"
 )
 
@@ -37,7 +38,8 @@ func (c Config) build(ctx context.Context, say func(string, ...any)) ([]images.I
 			return nil, err
 		}
 		// Static: the images have no C library.
-		cmd = exec.CommandContext(ctx, goBin, "build", "-trimpath", "-ldflags=-s -w", "-o", c.BinDir+"/", "./cmd/coroner-agent", "./cmd/coroner-shim")
+		args := append(append([]string{"build"}, host.ProductBuildFlags...), "-o", c.BinDir+"/", "./cmd/coroner-agent", "./cmd/coroner-shim")
+		cmd = exec.CommandContext(ctx, goBin, args...)
 		cmd.Dir = c.Root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
