@@ -30,6 +30,30 @@ func completionIndex(p *corev1.Pod) int {
 	return i
 }
 
+// byIndex returns a copy of pods sorted by completion index (pods without one first),
+// pods of one index in their order in pods. Each pod's index is read once: a comparator
+// that read the annotation took 9% of coroner-shim's CPU on a 10,000-pod Job (bench-shim
+// indexed-10k's profile: a map lookup and an Atoi per comparison, n log n of them per
+// sync).
+func byIndex(pods []*corev1.Pod) []*corev1.Pod {
+	type ranked struct{ ix, pos int }
+	keys := make([]ranked, len(pods))
+	for i, p := range pods {
+		keys[i] = ranked{completionIndex(p), i}
+	}
+	slices.SortFunc(keys, func(a, b ranked) int {
+		if c := cmp.Compare(a.ix, b.ix); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.pos, b.pos)
+	})
+	out := make([]*corev1.Pod, len(pods))
+	for i, k := range keys {
+		out[i] = pods[k.pos]
+	}
+	return out
+}
+
 func isTerminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }

@@ -41,9 +41,9 @@ func (s *state) track() {
 		uncounted.Failed = kept
 	}
 
-	pods := slices.Clone(s.in.Pods)
+	pods := s.in.Pods
 	if s.indexed {
-		slices.SortStableFunc(pods, func(a, b *corev1.Pod) int { return completionIndex(a) - completionIndex(b) })
+		pods = byIndex(pods)
 	}
 	failures := map[string]int{}
 	reachedMax := false
