@@ -68,9 +68,10 @@ func IndexConsecutiveFailures(lastFailedPod *corev1.Pod) int {
 // next pod may be created (S5, KEP-3850 "Expotential backoff delay per
 // index"), given the latest failed pod of the index, or nil when it has none:
 // p's delay for IndexConsecutiveFailures(lastFailedPod), counted from
-// FinishTime(lastFailedPod).
+// FinishTime(lastFailedPod). An index whose latest pod was lost with its node
+// (Delays is false) does not wait: see Delays.
 func IndexRemaining(now time.Time, p Policy, lastFailedPod *corev1.Pod) time.Duration {
-	if lastFailedPod == nil {
+	if lastFailedPod == nil || !Delays(lastFailedPod) {
 		return 0
 	}
 	return p.Remaining(now, FinishTime(lastFailedPod), IndexConsecutiveFailures(lastFailedPod))

@@ -25,7 +25,8 @@ type Record struct {
 // Note that the built-in controller (v1.36) passes every newly failed pod,
 // including those a pod failure policy Ignores and, unless
 // podReplacementPolicy is Failed, pods being deleted: Ignore spares the
-// backoffLimit, not the delay. Nil entries are skipped.
+// backoffLimit, not the delay. coroner-shim passes the same pods less those lost
+// with their node (Delaying). Nil entries are skipped.
 //
 //   - With no new success, the new failures add to Failures, and LastFailure
 //     becomes the latest FinishTime among the old and the new failures.

@@ -19,6 +19,10 @@ import (
 // history is a Job and a kubelet script: the same pod history played under either
 // controller. The script refers to pods by their place (the first active pod, the new pod
 // of index 1, ...), never by name, so it replays the same under both.
+//
+// Where coroner differs on purpose it is tested on its own: a pod lost with its node is
+// replaced without the backoff the built-in controller applies
+// (TestNodeLossReplacedWithoutBackoff; docs/choices.md).
 type history struct {
 	name string
 	job  func(ns string) *wrappers.JobWrapper
