@@ -183,12 +183,24 @@ func TestPreempt(t *testing.T) {
 	}
 
 	// The PriorityClass is created before the pod that names it (the API server refuses a pod
-	// of a class that does not exist).
+	// of a class that does not exist). The API server's Priority admission reads classes from
+	// its informer, which can lag the create by a moment: createPreemptor retries the pod's
+	// create while it is refused with 403 for that reason (CI saw one such refusal), so
+	// refused creates are left out; the one that succeeded is counted.
 	var order []string
+	refused := 0
 	for _, r := range rec.requests() {
-		if r.Method == http.MethodPost {
-			order = append(order, r.Path)
+		if r.Method != http.MethodPost {
+			continue
 		}
+		if r.Code == http.StatusForbidden && r.Path == "/api/v1/namespaces/"+ns+"/pods" {
+			refused++
+			continue
+		}
+		order = append(order, r.Path)
+	}
+	if refused > 0 {
+		t.Logf("the preemptor's create was refused %d time(s) while admission's PriorityClass cache lagged", refused)
 	}
 	if wantOrder := []string{"/apis/scheduling.k8s.io/v1/priorityclasses", "/api/v1/namespaces/" + ns + "/pods"}; strings.Join(order, ",") != strings.Join(wantOrder, ",") {
 		t.Errorf("creates = %v, want %v", order, wantOrder)
