@@ -29,12 +29,7 @@ func TestLimitOOMStamped(t *testing.T) {
 	e := newTestEnv(t, nil, p)
 	id := containerID(1)
 	cg := e.startedWith20MiB(p, id, 4242)
-	e.kernel <- oomKill(p, id, 4242)
-	e.until("the kernel kill read", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		return len(e.a.table.kernel.kills) == 1
-	})
+	e.kernelReports(oomKill(p, id, 4242))
 	e.writeCgroup(cg, 1, 30, 20<<20, 20<<20, 4242)
 	e.writeCgroup(podCgroup(uid), 1, 30, 0, 20<<20)
 	oom := event(cri.OOM, p, "main", id)
@@ -157,12 +152,7 @@ func TestBatchingOnePatch(t *testing.T) {
 	e := newTestEnv(t, func(c *Config) { c.PhaseGrace = 0 }, p)
 	for i, c := range []string{"a", "b"} {
 		id := containerID(70 + i)
-		e.kernel <- oomKill(p, id, 0)
-		e.until("the kernel kill read", func() bool {
-			e.a.table.mu.Lock()
-			defer e.a.table.mu.Unlock()
-			return len(e.a.table.kernel.kills) == i+1
-		})
+		e.kernelReports(oomKill(p, id, 0))
 		e.src.Send(exited(p, c, id, 137, "OOMKilled"))
 		e.until("the exit classified", e.containerDone(id))
 	}

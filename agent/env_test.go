@@ -247,6 +247,24 @@ func exited(pod *corev1.Pod, container, id string, code int32, reason string) cr
 	return ev
 }
 
+// kernelReports feeds kills to the agent's kernel reader and returns once it has read
+// them: a test that means "the kernel line came first" must wait for the read, or the
+// exit may be classified first and wait KernelWait on a fake clock nobody steps.
+func (e *testEnv) kernelReports(kills ...kmsg.OOMKill) {
+	e.t.Helper()
+	e.a.table.mu.Lock()
+	read := len(e.a.table.kernel.kills)
+	e.a.table.mu.Unlock()
+	for _, k := range kills {
+		e.kernel <- k
+	}
+	e.until("the kernel kills read", func() bool {
+		e.a.table.mu.Lock()
+		defer e.a.table.mu.Unlock()
+		return len(e.a.table.kernel.kills) == read+len(kills)
+	})
+}
+
 // oomKill is the kernel's report of a limit OOM in the container.
 func oomKill(pod *corev1.Pod, id string, pid int) kmsg.OOMKill {
 	cg := podCgroup(pod.UID) + "/" + id

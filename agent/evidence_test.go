@@ -117,7 +117,7 @@ func TestStaticPodMirrorStamped(t *testing.T) {
 	static := mirror.DeepCopy()
 	static.UID = hash // what the runtime's events say
 	id := containerID(30)
-	e.kernel <- oomKill(static, id, 0)
+	e.kernelReports(oomKill(static, id, 0))
 	e.src.Send(exited(static, "etcd", id, 137, "OOMKilled"))
 	e.until("the exit classified", e.containerDone(id))
 	e.stepUntil("the stamp", 20*time.Millisecond, func() bool {
@@ -139,15 +139,7 @@ func TestStaticPodMirrorStamped(t *testing.T) {
 // batch period, which the frozen fake clock does not end).
 func (e *testEnv) limitOOMExit(p *corev1.Pod, id string) {
 	e.t.Helper()
-	e.a.table.mu.Lock()
-	read := len(e.a.table.kernel.kills)
-	e.a.table.mu.Unlock()
-	e.kernel <- oomKill(p, id, 0)
-	e.until("the kernel kill read", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		return len(e.a.table.kernel.kills) == read+1
-	})
+	e.kernelReports(oomKill(p, id, 0))
 	e.src.Send(exited(p, "main", id, 137, "OOMKilled"))
 	e.until("the stamp queued", func() bool { return e.a.stamper.Pending(p.UID) > 0 })
 }

@@ -127,12 +127,7 @@ func TestRateLimitedKillOrdinaryNode(t *testing.T) {
 	})
 	// dmesg-ratelimited-burst.txt's first line: "Memory cgroup out of memory: Killed
 	// process 5101 (worker) ...", no summary.
-	e.kernel <- kernelTestdata(t, "dmesg-ratelimited-burst.txt")[0]
-	e.until("the kernel kill read", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		return len(e.a.table.kernel.kills) == 1
-	})
+	e.kernelReports(kernelTestdata(t, "dmesg-ratelimited-burst.txt")[0])
 	e.writeCgroup(cg, 0, 9, 20<<20, 20<<20, 1)
 	e.writeCgroup(podCgroup(uid), 0, 9, 0, 20<<20)
 	e.src.Send(exited(p, "main", id, 137, "Error"))

@@ -177,8 +177,26 @@ func Message(outage, fenceAfter time.Duration, fromStart bool, stopped map[strin
 	if fromStart {
 		head = fmt.Sprintf("Could not reach the API server for %v since the agent started (over --fence-after %v)", outage.Round(time.Second), fenceAfter)
 	}
+	return head + stoppedMessage(stopped)
+}
+
+// NodeLeaseMessage is Message for an agent that fences on its kubelet's node Lease:
+// outage is from the last renewal of that Lease seen (or the agent's start, with
+// fromStart) to the first seen again, for example "The kubelet's node Lease went
+// unrenewed for 1m12s (over --fence-after 45s): stopped 3 containers of 2 opted-in pods:
+// ns/a, ns/b".
+func NodeLeaseMessage(outage, fenceAfter time.Duration, fromStart bool, stopped map[string]types.NamespacedName) string {
+	head := fmt.Sprintf("The kubelet's node Lease went unrenewed for %v (over --fence-after %v)", outage.Round(time.Second), fenceAfter)
+	if fromStart {
+		head = fmt.Sprintf("No renewal of the kubelet's node Lease seen for %v since the agent started (over --fence-after %v)", outage.Round(time.Second), fenceAfter)
+	}
+	return head + stoppedMessage(stopped)
+}
+
+// stoppedMessage is the tail of the Fenced Event's message: what the fence stopped.
+func stoppedMessage(stopped map[string]types.NamespacedName) string {
 	if len(stopped) == 0 {
-		return head + ": no container of an opted-in pod was running"
+		return ": no container of an opted-in pod was running"
 	}
 	seen := map[types.NamespacedName]bool{}
 	var pods []string
@@ -193,7 +211,7 @@ func Message(outage, fenceAfter time.Duration, fromStart bool, stopped map[strin
 	if len(pods) > maxPodsNamed {
 		named += fmt.Sprintf(" and %d more", len(pods)-maxPodsNamed)
 	}
-	return fmt.Sprintf("%s: stopped %s of %s: %s", head,
+	return fmt.Sprintf(": stopped %s of %s: %s",
 		plural(len(stopped), "container", "containers"), plural(len(pods), "opted-in pod", "opted-in pods"), named)
 }
 

@@ -415,10 +415,10 @@ func TestDesiredLease(t *testing.T) {
 			}
 			// The shim's reading of it: not fenced now, fenced once renewTime +
 			// fence-after + margin has passed.
-			if st := conditions.NodeFenced(got, t0.Add(tc.fenceAfter), time.Second); st.Fenced {
+			if st := conditions.NodeFenced(conditions.FenceEvidence{Node: node, Agent: got}, t0.Add(tc.fenceAfter), time.Second); st.Fenced {
 				t.Errorf("NodeFenced right at fence-after: %+v", st)
 			}
-			if st := conditions.NodeFenced(got, t0.Add(tc.fenceAfter+time.Second), time.Second); !st.Fenced || !st.Since.Equal(t0.Add(tc.fenceAfter)) {
+			if st := conditions.NodeFenced(conditions.FenceEvidence{Node: node, Agent: got}, t0.Add(tc.fenceAfter+time.Second), time.Second); !st.Fenced || !st.Since.Equal(t0.Add(tc.fenceAfter)) {
 				t.Errorf("NodeFenced after fence-after + margin: %+v, want fenced since %v", st, t0.Add(tc.fenceAfter))
 			}
 		})

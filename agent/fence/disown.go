@@ -13,7 +13,8 @@ import (
 )
 
 // Disown is what an agent started without --fencing does with the Lease an earlier agent
-// of its node (with --fencing) left: it takes conditions.AnnotationFenceAfter off
+// of its node (with --fencing) left: it takes conditions.AnnotationFenceAfter and
+// conditions.AnnotationFenceOnNodeLease off
 // (FencingOffLease), once, at start. Left as it was, the Lease would go unrenewed and the
 // shim would take the node for fenced fence-after later, and force the recovery of pods
 // whose containers nobody stopped: two copies. It returns the Lease as written, nil when
@@ -45,5 +46,5 @@ func Disown(ctx context.Context, client kubernetes.Interface, namespace, node st
 			break
 		}
 	}
-	return nil, fmt.Errorf("taking %s off Lease %s/%s: %w", conditions.AnnotationFenceAfter, namespace, name, err)
+	return nil, fmt.Errorf("taking the fence-after off Lease %s/%s: %w", namespace, name, err)
 }

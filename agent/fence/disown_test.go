@@ -91,7 +91,7 @@ func TestDisown(t *testing.T) {
 				return true, nil, apierrors.NewForbidden(leaseGVR.GroupResource(), name, errors.New("rbac"))
 			})
 			return n
-		}, wantErr: "taking coroner.dev/fence-after off Lease coroner-system/coroner-agent-node-a", wantUpdates: 1},
+		}, wantErr: "taking the fence-after off Lease coroner-system/coroner-agent-node-a", wantUpdates: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientset(tc.objects...)
@@ -126,7 +126,7 @@ func TestDisown(t *testing.T) {
 				if _, ok := l.Annotations[conditions.AnnotationFenceAfter]; ok || l.Annotations[conditions.AnnotationFencedAt] == "" {
 					t.Errorf("the Lease's annotations after Disown: %v; want no fence-after, fenced-at kept", l.Annotations)
 				}
-				if st := conditions.NodeFenced(l, t0, 0); st.Fenced {
+				if st := conditions.NodeFenced(conditions.FenceEvidence{Node: node, Agent: l}, t0, 0); st.Fenced {
 					t.Errorf("NodeFenced after Disown: %+v", st)
 				}
 			}
