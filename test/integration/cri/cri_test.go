@@ -7,6 +7,7 @@ package cri_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -377,24 +378,37 @@ func testUnlabeledContainersIgnored(t *testing.T, env *containerd.Env) {
 	}
 }
 
-// containerPID reads the container's main process from its memory cgroup.
+// containerPID reads the container's main process from its memory cgroup. The Started
+// event can come before the process is the shell: runc's start returns once runc init has
+// been told to go, and runc init execs the command after that (CI saw the cgroup's one
+// process still without the shell's command line), so it waits for the exec.
 func containerPID(t *testing.T, cgroupPath string) int {
 	t.Helper()
 	if cgroupPath == "" {
 		t.Fatal("no cgroup path in the Started event")
 	}
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cgroupPath, "cgroup.procs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range strings.Fields(string(b)) {
-		if cmd, _ := os.ReadFile("/proc/" + f + "/cmdline"); strings.Contains(string(cmd), "/tmp/stop") {
-			pid, _ := strconv.Atoi(f)
-			return pid
+	procs := filepath.Join("/sys/fs/cgroup/memory", cgroupPath, "cgroup.procs")
+	var seen []string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(procs)
+		if err != nil {
+			t.Fatal(err)
 		}
+		seen = seen[:0]
+		for _, f := range strings.Fields(string(b)) {
+			cmd, _ := os.ReadFile("/proc/" + f + "/cmdline")
+			if strings.Contains(string(cmd), "/tmp/stop") {
+				pid, _ := strconv.Atoi(f)
+				return pid
+			}
+			seen = append(seen, fmt.Sprintf("%s %q", f, strings.ReplaceAll(string(cmd), "\x00", " ")))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no shell in cgroup %s within 10s: processes %v", cgroupPath, seen)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("no shell in cgroup %s: %q", cgroupPath, b)
-	return 0
 }
 
 func alive(pid int) bool {
