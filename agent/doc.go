@@ -132,12 +132,17 @@
 //
 // # Fencing
 //
-// With --fencing the agent renews the Lease coroner-agent-<node> in --lease-namespace
-// ($POD_NAMESPACE, else coroner-system) every --fence-after/4 (between 1s and 10s; each
-// attempt bounded by min(that, 5s)), with holderIdentity the node, renewTime,
-// leaseDurationSeconds and the annotation coroner.dev/fence-after (conditions/fencing.go
-// is the contract with the shim). When no renewal has succeeded for --fence-after (or,
-// before the first, since the start), the agent is fenced (coroner_agent_fenced 1):
+// With --fencing the agent fences on a heartbeat (--fence-signal; conditions/fencing.go is
+// the contract with the shim). With node-lease, the default, the heartbeat is its kubelet's
+// Lease in kube-node-lease, which it watches (agent/fence/heartbeat.go), writing its own
+// Lease coroner-agent-<node> in --lease-namespace ($POD_NAMESPACE, else coroner-system)
+// only at the start and after a fence, with the annotations coroner.dev/fence-on-node-lease
+// and coroner.dev/agent-pod ($POD_NAME). With agent-lease it renews that Lease every
+// --fence-after/4 (between 1s and 10s; each attempt bounded by min(that, 5s)), with
+// holderIdentity the node, renewTime, leaseDurationSeconds and the annotation
+// coroner.dev/fence-after. When the heartbeat has been silent for --fence-after (or,
+// before the first renewal seen or made, since the start), the agent is fenced
+// (coroner_agent_fenced 1):
 // every second it lists the runtime's running containers and pod sandboxes
 // (cri.RuntimeClient) and stops those of its node's pods that are opted in to forceful
 // deletion (fence.ToStop): the pods in its cache that are bound to its node, opted in and
@@ -146,8 +151,10 @@
 // counting them in coroner_agent_fence_stopped_containers_total. It never touches a pod
 // that is not opted in. The pod cache outlives the connection to the API server, so the
 // agent knows its pods while partitioned; the sandboxes cover an agent that (re)started
-// while partitioned, whose cache is empty. The first renewal that succeeds again also
-// writes coroner.dev/fenced-at on the Lease and ends the fence; then the agent emits
+// while partitioned, whose cache is empty. The heartbeat heard again ends the fence (with
+// agent-lease, its first successful renewal, which also writes coroner.dev/fenced-at; with
+// node-lease, a renewal of the kubelet's Lease seen, then the agent writes fenced-at on its
+// own Lease); then the agent emits
 // one Warning Event Fenced on the Node naming the pods it stopped. Without --fencing
 // there is no Lease and nothing is ever stopped.
 //
@@ -157,7 +164,8 @@
 // fences --fence-after after it unless a renewal succeeds first. It cannot read when the
 // Lease was last renewed, which is before its start: it fences later than the shim
 // expects by about the time it took to restart (agent/fence explains this residual
-// window).
+// window; with node-lease the window closes as soon as the agent reads its kubelet's
+// Lease, whose renewTime replaces the start).
 //
 // # Health
 //

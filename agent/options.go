@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/cri"
 )
 
@@ -32,11 +33,17 @@ type Options struct {
 	ShutdownGrace       time.Duration
 	Fencing             bool
 	FenceAfter          time.Duration
+	FenceSignal         string
 	LeaseNamespace      string
-	MetricsAddress      string
-	OOMScoreAdj         string
-	QPS                 float32
-	Burst               int
+	// PodName and PodNamespace are the agent's own pod ($POD_NAME, --pod-name;
+	// $POD_NAMESPACE, else the Lease's namespace), named on its Lease with
+	// --fence-signal=node-lease.
+	PodName        string
+	PodNamespace   string
+	MetricsAddress string
+	OOMScoreAdj    string
+	QPS            float32
+	Burst          int
 }
 
 // NewOptions returns the defaults; the Lease's namespace is $POD_NAMESPACE, else
@@ -59,7 +66,10 @@ func NewOptions() *Options {
 		ShutdownGrace:       DefaultShutdownGrace,
 		Fencing:             false,
 		FenceAfter:          2 * time.Minute,
+		FenceSignal:         conditions.FenceSignalNodeLease,
 		LeaseNamespace:      ns,
+		PodName:             os.Getenv("POD_NAME"),
+		PodNamespace:        ns,
 		MetricsAddress:      ":8090",
 		OOMScoreAdj:         DefaultOOMScoreAdj,
 		QPS:                 50,
@@ -84,6 +94,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace-period", o.ShutdownGrace, "On SIGTERM (a rollout, a node drain): how long the agent may go on classifying the exits it has seen and writing their pending stamps before it exits; keep it under the pod's terminationGracePeriodSeconds. 0: exit at once.")
 	fs.BoolVar(&o.Fencing, "fencing", o.Fencing, "Fence the node (requirement A6): renew the Lease coroner-agent-<node> in --lease-namespace every --fence-after/4, and when no renewal has succeeded for --fence-after, stop the containers of the node's opted-in pods (coroner.dev/safe-to-forcefully-delete) until one does. Off: no Lease, nothing is ever stopped.")
 	fs.DurationVar(&o.FenceAfter, "fence-after", o.FenceAfter, "With --fencing: how long without a Lease renewal (the API server lost) before the agent fences the node; at least 10s.")
+	fs.StringVar(&o.FenceSignal, "fence-signal", o.FenceSignal, "With --fencing: what tells the agent that its node reaches the API server. node-lease (the default): its kubelet's own Lease in kube-node-lease, which the agent watches (no write at rest; the agent's Lease is written at start and after a fence); the node is fenced when that Lease has gone --fence-after without a renewal. agent-lease: the agent renews a Lease of its own every --fence-after/4 (a write per node every 10 s at most).")
+	fs.StringVar(&o.PodName, "pod-name", o.PodName, "With --fencing and --fence-signal=node-lease: the agent's own pod (default $POD_NAME; its namespace is $POD_NAMESPACE), named on its Lease: the shim trusts a fence only from an agent whose pod was ready.")
 	fs.StringVar(&o.LeaseNamespace, "lease-namespace", o.LeaseNamespace, "With --fencing: namespace of the agent's Lease (default $POD_NAMESPACE, else coroner-system).")
 	fs.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "host:port that serves /metrics and /healthz; \"0\" turns it off.")
 	fs.StringVar(&o.OOMScoreAdj, "oom-score-adj", o.OOMScoreAdj, "The agent's own /proc/self/oom_score_adj, set at start: -999, the kubelet's and containerd's own, so that a node OOM kills every pod (Guaranteed pods get -997, their pause containers -998) before the agent that reports on the kill. Needs CAP_SYS_RESOURCE (the DaemonSet is privileged); where it cannot be set the agent logs why and goes on. Empty: keep the value the runtime gave (the QoS class's).")
@@ -154,6 +166,17 @@ func (o *Options) Validate() error {
 	if o.Fencing {
 		if msgs := validation.IsDNS1123Label(o.LeaseNamespace); len(msgs) > 0 {
 			errs = append(errs, fmt.Errorf("--lease-namespace=%q: %s", o.LeaseNamespace, strings.Join(msgs, "; ")))
+		}
+		switch o.FenceSignal {
+		case conditions.FenceSignalAgentLease:
+		case conditions.FenceSignalNodeLease:
+			if o.PodName == "" {
+				errs = append(errs, errors.New("--fence-signal=node-lease needs the agent's pod: set $POD_NAME (the DaemonSet does, from metadata.name) or --pod-name; the shim trusts a fence only from an agent whose pod it sees ready"))
+			} else if msgs := validation.IsDNS1123Subdomain(o.PodName); len(msgs) > 0 {
+				errs = append(errs, fmt.Errorf("--pod-name=%q: %s", o.PodName, strings.Join(msgs, "; ")))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("--fence-signal=%q: want %s or %s", o.FenceSignal, conditions.FenceSignalNodeLease, conditions.FenceSignalAgentLease))
 		}
 	}
 	if o.MetricsAddress != "0" && !strings.Contains(o.MetricsAddress, ":") {

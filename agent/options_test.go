@@ -13,6 +13,7 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 		args         []string
 		env          string // NODE_NAME
 		podNS        string // POD_NAMESPACE
+		podName      string // POD_NAME
 		wantNodeName string
 		wantLeaseNS  string  // when set
 		wantEndpoint *string // when set
@@ -26,9 +27,15 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 		{name: "relist too fast", args: []string{"--node-name=n", "--relist-period=10ms"}, wantErr: []string{"--relist-period"}},
 		{name: "fencing with a tiny deadline", args: []string{"--node-name=n", "--fencing", "--fence-after=1s"}, wantErr: []string{"--fence-after"}},
 		{name: "tiny deadline fine when fencing is off", args: []string{"--node-name=n", "--fence-after=1s"}, wantNodeName: "n"},
-		{name: "fencing with its defaults", args: []string{"--node-name=n", "--fencing"}, wantNodeName: "n", wantLeaseNS: "coroner-system"},
-		{name: "lease namespace from POD_NAMESPACE", args: []string{"--node-name=n", "--fencing", "--fence-after=10s"}, podNS: "coroner", wantNodeName: "n", wantLeaseNS: "coroner"},
-		{name: "lease namespace flag wins", args: []string{"--node-name=n", "--fencing", "--lease-namespace=ops"}, podNS: "coroner", wantNodeName: "n", wantLeaseNS: "ops"},
+		{name: "fencing with its defaults", args: []string{"--node-name=n", "--fencing"}, podName: "coroner-agent-x7k2p", wantNodeName: "n", wantLeaseNS: "coroner-system"},
+		{name: "lease namespace from POD_NAMESPACE", args: []string{"--node-name=n", "--fencing", "--fence-after=10s"}, podNS: "coroner", podName: "coroner-agent-x7k2p", wantNodeName: "n", wantLeaseNS: "coroner"},
+		{name: "lease namespace flag wins", args: []string{"--node-name=n", "--fencing", "--lease-namespace=ops"}, podNS: "coroner", podName: "coroner-agent-x7k2p", wantNodeName: "n", wantLeaseNS: "ops"},
+		{name: "fencing on the node Lease without the agent's pod", args: []string{"--node-name=n", "--fencing"}, wantErr: []string{"--fence-signal=node-lease needs the agent's pod", "$POD_NAME", "--pod-name"}},
+		{name: "pod name from the flag", args: []string{"--node-name=n", "--fencing", "--pod-name=agent-1"}, wantNodeName: "n"},
+		{name: "invalid pod name", args: []string{"--node-name=n", "--fencing", "--pod-name=Agent_1"}, wantErr: []string{"--pod-name=\"Agent_1\""}},
+		{name: "agent-lease needs no pod", args: []string{"--node-name=n", "--fencing", "--fence-signal=agent-lease"}, wantNodeName: "n"},
+		{name: "unknown fence signal", args: []string{"--node-name=n", "--fencing", "--fence-signal=ping", "--pod-name=a"}, wantErr: []string{`--fence-signal="ping": want node-lease or agent-lease`}},
+		{name: "fence signal unchecked when fencing is off", args: []string{"--node-name=n", "--fence-signal=ping"}, wantNodeName: "n"},
 		{name: "invalid lease namespace", args: []string{"--node-name=n", "--fencing", "--lease-namespace=Ops_NS"}, wantErr: []string{"--lease-namespace"}},
 		{name: "history size out of range", args: []string{"--node-name=n", "--exit-history-size=0"}, wantErr: []string{"--exit-history-size"}},
 		{name: "relative cgroup root", args: []string{"--node-name=n", "--cgroup-root=sys/fs/cgroup"}, wantErr: []string{"--cgroup-root"}},
@@ -51,6 +58,7 @@ func TestOptionsCompleteAndValidate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("NODE_NAME", tc.env)
 			t.Setenv("POD_NAMESPACE", tc.podNS)
+			t.Setenv("POD_NAME", tc.podName)
 			o := NewOptions()
 			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 			o.AddFlags(fs)

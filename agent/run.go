@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -54,9 +55,12 @@ const (
 // picked up. A kernel log it cannot read (no CAP_SYSLOG) is
 // logged, and OOM kills are then classified without the kernel's reports.
 //
-// With opts.Fencing (A6) the agent also renews its Lease coroner-agent-<node> in
-// opts.LeaseNamespace and, when no renewal has succeeded for opts.FenceAfter, stops the
-// containers of its node's opted-in pods over CRI (cri.RuntimeClient, a connection of its
+// With opts.Fencing (A6) the agent also fences its node. With --fence-signal=node-lease
+// (the default) it watches its kubelet's Lease in kube-node-lease and writes its own Lease
+// coroner-agent-<node> in opts.LeaseNamespace only at the start and after a fence (naming
+// its pod, opts.PodName); with agent-lease it renews that Lease every opts.FenceAfter/4.
+// When the heartbeat (the kubelet's renewals, or its own) has been silent for
+// opts.FenceAfter, it stops the containers of its node's opted-in pods over CRI (cri.RuntimeClient, a connection of its
 // own to the watcher's runtime, the discovered one with "auto") until one does: see agent/fence. The Lease has an API
 // client of its own (LeaseClientQPS), so that pod writes never hold up a renewal. Without
 // it there is no Lease and nothing is ever stopped; a Lease that an earlier agent of the
@@ -68,7 +72,7 @@ const (
 // would crash-loop and never fence, while the shim, which reads the Lease's stale
 // renewTime, takes its node for fenced. The start, the moment Run is called, counts as
 // the agent's last renewal (fence.Config.Start): the node is fenced opts.FenceAfter after
-// it unless a renewal succeeds first, and the opted-in pods, which the empty pod cache
+// it unless a renewal succeeds (or is seen) first, and the opted-in pods, which the empty pod cache
 // does not know, are found from their sandboxes' annotations (the kubelet's copy of the
 // pod's). The Lease's renewTime is older than the start, so the agent fences later than
 // the shim expects by about the time it took to restart: agent/fence says why this is
@@ -150,7 +154,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		if err != nil {
 			return fmt.Errorf("building the Lease client: %w", err)
 		}
-		fencing = &fence.Config{Namespace: opts.LeaseNamespace, FenceAfter: opts.FenceAfter, Runtime: rt, Client: leaseClient, Start: start}
+		fencing = &fence.Config{Namespace: opts.LeaseNamespace, FenceAfter: opts.FenceAfter, Runtime: rt, Client: leaseClient, Start: start,
+			NodeLease: opts.FenceSignal == conditions.FenceSignalNodeLease,
+			Pod:       types.NamespacedName{Namespace: opts.PodNamespace, Name: opts.PodName}}
 	} else {
 		logger.Info("Fencing is off (no --fencing): no Lease, the agent never stops containers")
 		if err := disownLease(ctx, client, opts); err != nil {

@@ -212,3 +212,47 @@ func (e *testEnv) pass(d time.Duration) {
 }
 
 func (e *testEnv) fenced() float64 { return metrics.Value(e.m.Fenced) }
+
+// until waits in real time, 10 s at most, for cond: the loops Run starts react to the fake
+// clock in goroutines of their own.
+func until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// step moves the fake clock by d in steps of at most chunk, each once Run's loops wait on
+// it, calling each (when not nil) after every step.
+func (e *testEnv) step(d, chunk time.Duration, each func()) {
+	e.t.Helper()
+	for d > 0 {
+		s := min(d, chunk)
+		until(e.t, "the loops waiting", e.clk.HasWaiters)
+		time.Sleep(2 * time.Millisecond)
+		e.clk.Step(s)
+		d -= s
+		if each != nil {
+			each()
+		}
+	}
+}
+
+// run runs the fencer until the test ends, and returns the context it runs with.
+func (e *testEnv) run() context.Context {
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.f.Run(ctx)
+	}()
+	e.t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return ctx
+}

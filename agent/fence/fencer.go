@@ -6,7 +6,13 @@
 // Lease (conditions.NodeFenced) and recovers the pods of a fenced node without waiting
 // for the toleration (Z2): that is what makes forced recovery safe.
 //
-// # Timeline (conditions/fencing.go holds the contract with the shim)
+// Two heartbeats can tell the agent that its node reaches the API server
+// (--fence-signal): its kubelet's node Lease, which it watches (Config.NodeLease, the
+// agent's default; heartbeat.go describes it: no write at rest), or a Lease of its own
+// that it renews (the first design, below). Everything else (what it stops, how, the
+// record and the Event) is the same.
+//
+// # Timeline with its own Lease (conditions/fencing.go holds the contract with the shim)
 //
 //   - Every RenewPeriod (--fence-after/4, between 1s and 10s) the agent writes the Lease
 //     coroner-agent-<node> in its namespace (DesiredLease): holderIdentity the node,
@@ -150,6 +156,12 @@ type Config struct {
 	// Lease had been renewed then (see the package comment). Zero, or later than when
 	// Run starts: when Run starts.
 	Start time.Time
+	// NodeLease: fence on the kubelet's node Lease (--fence-signal=node-lease; see
+	// heartbeat.go) instead of renewing the agent's own Lease. Pod is then required.
+	NodeLease bool
+	// Pod is the agent's own pod, named on its Lease (conditions.AnnotationAgentPod) with
+	// NodeLease.
+	Pod types.NamespacedName
 }
 
 // Fencer renews the agent's Lease and fences the node when it cannot. Create it with New
@@ -173,6 +185,18 @@ type Fencer struct {
 	renewed bool
 	// fence is the current fence, nil when not fenced.
 	fence *fenceRecord
+
+	// With NodeLease (heartbeat.go):
+	// heard: a renewTime of the kubelet's node Lease has been seen since the start (then
+	// lastRenewal is the latest one seen).
+	heard bool
+	// announced: the agent's own Lease has been written since the start.
+	announced bool
+	// ended is a fence that ended (the node Lease is renewed again) and is still to be
+	// recorded on the agent's Lease and in the Event; endedAt the node Lease's renewTime
+	// that ended it.
+	ended   *fenceRecord
+	endedAt time.Time
 }
 
 // fenceRecord is one fence, from ShouldFence to the renewal that ends it.
@@ -193,6 +217,9 @@ func New(cfg Config) (*Fencer, error) {
 	}
 	if cfg.FenceAfter <= 0 {
 		return nil, fmt.Errorf("fence: FenceAfter %v must be positive", cfg.FenceAfter)
+	}
+	if cfg.NodeLease && (cfg.Pod.Namespace == "" || cfg.Pod.Name == "") {
+		return nil, errors.New("fence: fencing on the node Lease needs the agent's Pod (--pod-name): the shim trusts a fence only from an agent whose pod it sees ready")
 	}
 	if cfg.MaxStopTimeout <= 0 {
 		cfg.MaxStopTimeout = DefaultMaxStopTimeout
@@ -237,21 +264,41 @@ func (f *Fencer) Run(ctx context.Context) {
 		start = s
 	}
 	f.mu.Lock()
-	f.lastRenewal, f.renewed = start, false
+	f.lastRenewal, f.renewed, f.heard, f.announced = start, false, false, false
 	f.mu.Unlock()
 	f.cfg.Metrics.SetFenced(false)
 	_, sandboxes := f.cfg.Runtime.(SandboxLister)
-	logger.Info("Fencing on: renewing the node's Lease", "lease", klog.KRef(f.cfg.Namespace, f.leaseName),
-		"fenceAfter", f.cfg.FenceAfter, "renewPeriod", f.renewPeriod, "requestTimeout", f.requestTimeout,
-		"start", start.UTC().Format(time.RFC3339Nano), "fencesAtTheLatest", start.Add(f.cfg.FenceAfter).UTC().Format(time.RFC3339Nano),
-		"sandboxAnnotations", sandboxes)
+	if f.cfg.NodeLease {
+		logger.Info("Fencing on: watching the kubelet's node Lease", "nodeLease", klog.KRef(conditions.NodeLeaseNamespace, f.cfg.NodeName),
+			"lease", klog.KRef(f.cfg.Namespace, f.leaseName), "pod", f.cfg.Pod, "fenceAfter", f.cfg.FenceAfter,
+			"start", start.UTC().Format(time.RFC3339Nano), "fencesAtTheLatest", start.Add(f.cfg.FenceAfter).UTC().Format(time.RFC3339Nano),
+			"sandboxAnnotations", sandboxes)
+	} else {
+		logger.Info("Fencing on: renewing the node's Lease", "lease", klog.KRef(f.cfg.Namespace, f.leaseName),
+			"fenceAfter", f.cfg.FenceAfter, "renewPeriod", f.renewPeriod, "requestTimeout", f.requestTimeout,
+			"start", start.UTC().Format(time.RFC3339Nano), "fencesAtTheLatest", start.Add(f.cfg.FenceAfter).UTC().Format(time.RFC3339Nano),
+			"sandboxAnnotations", sandboxes)
+	}
 
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		f.renewLoop(ctx)
-	}()
+	if f.cfg.NodeLease {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			f.watchNodeLease(ctx)
+		}()
+		go func() {
+			defer wg.Done()
+			f.recordLoop(ctx)
+		}()
+	} else {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.renewLoop(ctx)
+		}()
+	}
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		f.enforceLoop(ctx)
@@ -369,7 +416,7 @@ func (f *Fencer) writeLease(ctx context.Context, now, fencedAt time.Time) error 
 			cur, err = leases.Get(ctx, f.leaseName, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				var created *coordinationv1.Lease
-				created, err = leases.Create(ctx, DesiredLease(nil, f.cfg.Namespace, f.cfg.NodeName, f.cfg.FenceAfter, now, fencedAt), metav1.CreateOptions{})
+				created, err = leases.Create(ctx, f.desired(nil, now, fencedAt), metav1.CreateOptions{})
 				if err == nil {
 					klog.FromContext(ctx).V(1).Info("Created the fencing Lease", "lease", klog.KObj(created))
 					f.lease = created
@@ -385,7 +432,7 @@ func (f *Fencer) writeLease(ctx context.Context, now, fencedAt time.Time) error 
 			}
 		}
 		var updated *coordinationv1.Lease
-		updated, err = leases.Update(ctx, DesiredLease(cur, f.cfg.Namespace, f.cfg.NodeName, f.cfg.FenceAfter, now, fencedAt), metav1.UpdateOptions{})
+		updated, err = leases.Update(ctx, f.desired(cur, now, fencedAt), metav1.UpdateOptions{})
 		if err == nil {
 			f.lease = updated
 			return nil
@@ -398,6 +445,16 @@ func (f *Fencer) writeLease(ctx context.Context, now, fencedAt time.Time) error 
 	return fmt.Errorf("updating Lease %s/%s: %w", f.cfg.Namespace, f.leaseName, err)
 }
 
+// desired is the agent's Lease as written at now (DesiredLease, and OnNodeLease with
+// Config.NodeLease).
+func (f *Fencer) desired(cur *coordinationv1.Lease, now, fencedAt time.Time) *coordinationv1.Lease {
+	l := DesiredLease(cur, f.cfg.Namespace, f.cfg.NodeName, f.cfg.FenceAfter, now, fencedAt)
+	if f.cfg.NodeLease {
+		OnNodeLease(l, f.cfg.FenceAfter, f.cfg.Pod)
+	}
+	return l
+}
+
 // enforce is one pass of the fence: it starts the fence when ShouldFence says so, and
 // while fenced stops the running containers of the node's opted-in pods. It returns once
 // the stops it made have ended.
@@ -405,6 +462,11 @@ func (f *Fencer) enforce(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	now := f.clock.Now()
 	f.mu.Lock()
+	if f.cfg.NodeLease && f.fence != nil && !ShouldFence(f.lastRenewal, now, f.cfg.FenceAfter) {
+		f.endFence(ctx, now)
+		f.mu.Unlock()
+		return
+	}
 	if f.fence == nil {
 		if !ShouldFence(f.lastRenewal, now, f.cfg.FenceAfter) {
 			f.mu.Unlock()
@@ -413,10 +475,19 @@ func (f *Fencer) enforce(ctx context.Context) {
 		f.fence = &fenceRecord{since: now, lastRenewal: f.lastRenewal, fromStart: !f.renewed, stopped: map[string]types.NamespacedName{}}
 		f.cfg.Metrics.SetFenced(true)
 		msg := "FENCED: the Lease has not been renewed for longer than --fence-after; stopping the containers of opted-in pods until it is"
-		if !f.renewed {
+		switch {
+		case f.cfg.NodeLease && !f.renewed:
+			msg = "FENCED: no renewal of the kubelet's node Lease seen since the agent started, longer than --fence-after ago; stopping the containers of opted-in pods until one is"
+		case f.cfg.NodeLease:
+			msg = "FENCED: the kubelet's node Lease has not been renewed for longer than --fence-after (the node lost the API server, or its kubelet is down); stopping the containers of opted-in pods until it is"
+		case !f.renewed:
 			msg = "FENCED: the Lease has not been renewed since the agent started, longer than --fence-after ago; stopping the containers of opted-in pods until it is"
 		}
-		logger.Info(msg, "lease", klog.KRef(f.cfg.Namespace, f.leaseName), "lastRenewal", f.lastRenewal.UTC().Format(time.RFC3339Nano),
+		lease := klog.KRef(f.cfg.Namespace, f.leaseName)
+		if f.cfg.NodeLease {
+			lease = klog.KRef(conditions.NodeLeaseNamespace, f.cfg.NodeName)
+		}
+		logger.Info(msg, "lease", lease, "lastRenewal", f.lastRenewal.UTC().Format(time.RFC3339Nano),
 			"sinceLastRenewal", now.Sub(f.lastRenewal).Round(time.Millisecond), "fenceAfter", f.cfg.FenceAfter)
 	}
 	fence := f.fence
@@ -472,6 +543,9 @@ func (f *Fencer) stop(ctx context.Context, fence *fenceRecord, t Target) {
 func (f *Fencer) report(ctx context.Context, fence *fenceRecord, stopped map[string]types.NamespacedName, renewed time.Time) {
 	logger := klog.FromContext(ctx)
 	msg := Message(renewed.Sub(fence.lastRenewal), f.cfg.FenceAfter, fence.fromStart, stopped)
+	if f.cfg.NodeLease {
+		msg = NodeLeaseMessage(renewed.Sub(fence.lastRenewal), f.cfg.FenceAfter, fence.fromStart, stopped)
+	}
 	logger.Info("No longer fenced: the Lease is renewed again", "lease", klog.KRef(f.cfg.Namespace, f.leaseName),
 		"fencedAt", fence.since.UTC().Format(time.RFC3339Nano), "fencedFor", renewed.Sub(fence.since).Round(time.Millisecond),
 		"stoppedContainers", len(stopped), "message", msg)

@@ -1,7 +1,6 @@
 package fence
 
 import (
-	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -382,53 +381,25 @@ func TestEventWithoutNode(t *testing.T) {
 func TestRun(t *testing.T) {
 	e := newTestEnv(t, makePod("in").optedIn().obj())
 	e.rt.add(running("c1", "in", "main"))
-	ctx, cancel := context.WithCancel(e.ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		e.f.Run(ctx)
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	until := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10s", what)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	ctx := e.run()
 	renewedAt := func(at time.Time) func() bool {
 		return func() bool {
 			l, err := e.client.CoordinationV1().Leases(leaseNS).Get(ctx, conditions.AgentLeaseName(node), metav1.GetOptions{})
 			return err == nil && l.Spec.RenewTime.Time.Equal(at)
 		}
 	}
-	// step moves the fake clock in small steps, once both loops wait on it.
-	step := func(d time.Duration) {
-		for d > 0 {
-			s := min(d, 250*time.Millisecond)
-			until("the loops waiting", e.clk.HasWaiters)
-			time.Sleep(2 * time.Millisecond)
-			e.clk.Step(s)
-			d -= s
-		}
-	}
-	until("the first renewal", renewedAt(t0))
+	step := func(d time.Duration) { e.step(d, 250*time.Millisecond, nil) }
+	until(t, "the first renewal", renewedAt(t0))
 	step(2500 * time.Millisecond)
-	until("the second renewal", renewedAt(t0.Add(2500*time.Millisecond)))
+	until(t, "the second renewal", renewedAt(t0.Add(2500*time.Millisecond)))
 
 	e.setAPIDown(true)
 	step(fenceAfter + 2*time.Second)
-	until("the fence", func() bool { return e.f.Fenced() && len(e.rt.stopped()) == 1 })
+	until(t, "the fence", func() bool { return e.f.Fenced() && len(e.rt.stopped()) == 1 })
 
 	e.setAPIDown(false)
 	step(2 * time.Second)
-	until("the end of the fence", func() bool { return !e.f.Fenced() && len(e.rec.all()) == 1 })
+	until(t, "the end of the fence", func() bool { return !e.f.Fenced() && len(e.rec.all()) == 1 })
 	if e.fenced() != 0 {
 		t.Error("the gauge is still 1")
 	}

@@ -57,8 +57,14 @@ func (r *Recoverer) recoverPod(ctx context.Context, key string) error {
 		default:
 			return err
 		}
+		in.Fence.Node = node
 		if l, err := r.inf.LeaseLister.Leases(r.inf.AgentNamespace).Get(conditions.AgentLeaseName(node)); err == nil {
-			in.Lease = l
+			in.Fence.Agent = l
+		}
+		if in.Node != nil && recovery.FenceMatters(pod) {
+			if in.Fence, err = r.fenceEvidence(ctx, in.Node, in.Fence.Agent); err != nil {
+				return err
+			}
 		}
 	}
 

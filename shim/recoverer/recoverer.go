@@ -96,11 +96,14 @@ type Recoverer struct {
 	// queue holds the keys (namespace/name) of pods to look at.
 	queue queue.Queue
 
-	// mu guards nodesMissing, and nothing else.
+	// mu guards nodesMissing and heartbeats, and nothing else.
 	mu sync.Mutex
 	// nodesMissing are the nodes the API server said do not exist, with when it first
 	// said so (the orphans' quarantine, Z3).
 	nodesMissing map[string]time.Time
+	// heartbeats are the last reads of a node's kubelet Lease and agent pod, by node
+	// (fenceEvidence).
+	heartbeats map[string]heartbeat
 }
 
 // New builds a Recoverer on the shared informers inf and registers its event handlers on
@@ -133,6 +136,7 @@ func New(ctx context.Context, client kubernetes.Interface, inf *informers.Inform
 		patcher:      conditions.NewPodPatcher(client, conditions.ShimComponent),
 		queue:        queue.New("coroner_recovery_pod", cfg.Clock),
 		nodesMissing: map[string]time.Time{},
+		heartbeats:   map[string]heartbeat{},
 	}
 	r.addHandlers()
 	return r
@@ -219,6 +223,7 @@ func (r *Recoverer) updateNode(old, cur any) {
 	o, ok1 := old.(*corev1.Node)
 	n, ok2 := cur.(*corev1.Node)
 	if ok1 && ok2 && !equalTaints(o.Spec.Taints, n.Spec.Taints) {
+		r.forgetHeartbeat(n.Name)
 		r.enqueueNodePods(n.Name)
 	}
 }
@@ -228,6 +233,7 @@ func (r *Recoverer) deleteNode(obj any) {
 		obj = t.Obj
 	}
 	if n, ok := obj.(*corev1.Node); ok {
+		r.forgetHeartbeat(n.Name)
 		r.enqueueNodePods(n.Name)
 	}
 }

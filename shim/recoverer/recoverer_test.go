@@ -381,3 +381,95 @@ func TestRecoverOthersScope(t *testing.T) {
 		})
 	}
 }
+
+// TestRecoverOnNodeLease: a node whose agent fences on its kubelet's node Lease. The shim
+// reads that Lease and the agent's pod from the API server only for a node tainted
+// unreachable, once per HeartbeatTTL, comes back at the deadline, and recovers the pod as
+// NodeFenced then; an agent that fences on its own Lease costs no read.
+func TestRecoverOnNodeLease(t *testing.T) {
+	job := managedJob("j", conditions.ManagedBy)
+	f := newFixture(t, RecoverAll)
+	now := f.clock.Now()
+	pod := podOn("p", "node-1", job, true)
+	agentPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: f.inf.AgentNamespace, Name: "coroner-agent-abcde"},
+		Spec: corev1.PodSpec{NodeName: "node-1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+	heard := metav1.NewMicroTime(now.Add(-5 * time.Second))
+	nodeLease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: conditions.NodeLeaseNamespace, Name: "node-1"},
+		Spec: coordinationv1.LeaseSpec{RenewTime: &heard}}
+	agentLease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: f.inf.AgentNamespace, Name: conditions.AgentLeaseName("node-1"),
+		Annotations: map[string]string{conditions.AnnotationFenceOnNodeLease: "10s", conditions.AnnotationAgentPod: f.inf.AgentNamespace + "/coroner-agent-abcde"}}}
+	f.client = fake.NewClientset(pod, agentPod, nodeLease)
+	f.r.client = f.client
+	f.r.patcher = conditions.NewPodPatcher(f.client, conditions.ShimComponent)
+	reads := func() (leases, pods int) {
+		for _, a := range f.client.Actions() {
+			if a.GetVerb() != "get" {
+				continue
+			}
+			switch {
+			case a.GetResource().Resource == "leases" && a.GetNamespace() == conditions.NodeLeaseNamespace:
+				leases++
+			case a.GetResource().Resource == "pods" && a.GetNamespace() == f.inf.AgentNamespace:
+				pods++
+			}
+		}
+		return leases, pods
+	}
+	recover := func() {
+		t.Helper()
+		if err := f.r.recoverPod(context.Background(), "ns/p"); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Not tainted yet: nothing read.
+	reachable := unreachableNode("node-1")
+	reachable.Spec.Taints = nil
+	f.inCache(t, job, reachable, pod, agentLease)
+	recover()
+	if l, p := reads(); l != 0 || p != 0 {
+		t.Errorf("a reachable node: %d Lease and %d pod reads, want none", l, p)
+	}
+
+	// Tainted: one read of each, a requeue at the deadline (5s ago + 10s + the default 15s
+	// margin), and none again within the TTL.
+	if err := f.inf.Nodes.GetIndexer().Update(unreachableNode("node-1")); err != nil {
+		t.Fatal(err)
+	}
+	f.queue.take()
+	recover()
+	if got, want := f.queue.take(), []string{"ns/p@20s"}; !slices.Equal(got, want) {
+		t.Errorf("enqueued %v, want %v", got, want)
+	}
+	f.clock.Step(HeartbeatTTL - time.Second)
+	recover()
+	if l, p := reads(); l != 1 || p != 1 {
+		t.Errorf("two decisions within the TTL: %d Lease and %d pod reads, want 1 and 1", l, p)
+	}
+	// At the deadline: read again (the TTL has passed), and recovered.
+	f.clock.Step(20*time.Second - (HeartbeatTTL - time.Second))
+	recover()
+	if l, p := reads(); l != 2 || p != 2 {
+		t.Errorf("at the deadline: %d Lease and %d pod reads, want 2 and 2", l, p)
+	}
+	if n := counter(t, f.metrics.PodsRecovered.WithLabelValues(string(recovery.ForceTerminate), conditions.ReasonNodeFenced)); n != 1 {
+		t.Errorf("coroner_pods_recovered_total{NodeFenced} = %v, want 1: %v", n, f.client.Actions())
+	}
+
+	// An agent that fences on its own Lease: no read at all.
+	g := newFixture(t, RecoverAll)
+	own := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: g.inf.AgentNamespace, Name: conditions.AgentLeaseName("node-1"),
+		Annotations: map[string]string{conditions.AnnotationFenceAfter: "10s"}}, Spec: coordinationv1.LeaseSpec{RenewTime: &heard}}
+	g.client = fake.NewClientset(pod)
+	g.r.client = g.client
+	g.inCache(t, job, unreachableNode("node-1"), pod, own)
+	if err := g.r.recoverPod(context.Background(), "ns/p"); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range g.client.Actions() {
+		if a.GetVerb() == "get" {
+			t.Errorf("an agent-lease agent: read %v", a)
+		}
+	}
+}

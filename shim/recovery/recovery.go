@@ -14,7 +14,8 @@
 //
 //   - Fenced (Z2): the pod is opted in (conditions.OptedInToForcefulDeletion), still
 //     Pending or Running, its node is tainted node.kubernetes.io/unreachable, and the
-//     node's agent Lease says the agent has fenced (conditions.NodeFenced): its containers
+//     node's agent has fenced by what the shim can read (conditions.NodeFenced: the agent's
+//     Lease, and its kubelet's node Lease and the agent's pod when it fences on that): its containers
 //     are stopped, so the pod is recovered at once, being deleted or not (without waiting
 //     for the taint manager's eviction after the pod's toleration, 300 s by default).
 //
@@ -56,7 +57,6 @@ import (
 	"fmt"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/coroner-dev/coroner/conditions"
@@ -96,8 +96,10 @@ type Input struct {
 	// NodeMissingFor is for how long it has been missing as far as the caller knows.
 	NodeGone       bool
 	NodeMissingFor time.Duration
-	// Lease is the node's agent Lease (conditions.AgentLeaseName), nil when none.
-	Lease *coordinationv1.Lease
+	// Fence is what is known of the node's agent and its heartbeat
+	// (conditions.FenceEvidence): its Lease (conditions.AgentLeaseName), nil when none,
+	// and, when the agent fences on its kubelet's node Lease, that Lease and the agent's pod.
+	Fence conditions.FenceEvidence
 	Now   time.Time
 	// OptedInOnly says the pod is not of a Job the shim manages: only the cases its opt-in
 	// annotation allows apply (Z1, Z2, the deletion of a terminal pod), and nothing at all
@@ -189,10 +191,10 @@ func (c Config) Decide(in Input) Decision {
 	}
 	if in.Node != nil && unreachable(in.Node) && optedIn {
 		optIn := optInAnnotation(p)
-		if fs := conditions.NodeFenced(in.Lease, in.Now, c.FenceMargin); fs.Fenced {
+		if fs := conditions.NodeFenced(in.Fence, in.Now, c.FenceMargin); fs.Fenced {
 			msg := fmt.Sprintf("Pod forcefully terminated: node %s is unreachable and fenced (%s; opted in by %s)", in.Node.Name, fs.Why, optIn)
 			return c.forceTerminate(p, conditions.ReasonNodeFenced, msg)
-		} else if deadline, ok := conditions.FenceDeadline(in.Lease, c.FenceMargin); ok {
+		} else if deadline, ok := conditions.FenceDeadline(in.Fence, c.FenceMargin); ok {
 			later(deadline.Sub(in.Now))
 		}
 		if p.DeletionTimestamp != nil {
@@ -243,6 +245,12 @@ func (c Config) withDefaults() Config {
 		c.OrphanQuarantine = DefaultOrphanQuarantine
 	}
 	return c
+}
+
+// FenceMatters reports whether Decide may read the fence of the pod's node (Input.Fence):
+// the pod is opted in and not terminal. A caller reads the node's heartbeat only then.
+func FenceMatters(p *corev1.Pod) bool {
+	return p != nil && conditions.OptedInToForcefulDeletion(p.Annotations) && !conditions.IsTerminalPhase(p.Status.Phase)
 }
 
 // unreachable reports whether the node has the node.kubernetes.io/unreachable taint

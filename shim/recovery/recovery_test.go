@@ -148,12 +148,12 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:       "not of a managed Job, opted in: recovered at once on a fenced node",
-			in:         Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), Node: node(unreachableNoExecute), Lease: lease(61*time.Second, "45s"), OptedInOnly: true},
+			in:         Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), Node: node(unreachableNoExecute), Fence: conditions.FenceEvidence{Node: "n1", Agent: lease(61*time.Second, "45s")}, OptedInOnly: true},
 			wantAction: ForceTerminate, wantReason: conditions.ReasonNodeFenced,
 		},
 		{
 			name: "not of a managed Job and not opted in: a zombie is left alone",
-			in:   Input{Pod: pod(deletedAgo(time.Hour)), Node: node(unreachableNoExecute), Lease: lease(time.Hour, "45s"), OptedInOnly: true},
+			in:   Input{Pod: pod(deletedAgo(time.Hour)), Node: node(unreachableNoExecute), Fence: conditions.FenceEvidence{Node: "n1", Agent: lease(time.Hour, "45s")}, OptedInOnly: true},
 		},
 		{
 			name: "not of a managed Job: an orphan is pod GC's",
@@ -165,34 +165,34 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:       "fenced node: not deleted, recovered at once",
-			in:         Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), Node: node(unreachableNoExecute), Lease: lease(61*time.Second, "45s")},
+			in:         Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), Node: node(unreachableNoExecute), Fence: conditions.FenceEvidence{Node: "n1", Agent: lease(61*time.Second, "45s")}},
 			wantAction: ForceTerminate, wantReason: conditions.ReasonNodeFenced,
 			wantTypes:        []string{string(conditions.ForcefullyTerminated), string(corev1.DisruptionTarget)},
-			wantMessageParts: []string{"unreachable and fenced", "has not renewed its Lease for 1m1s"},
+			wantMessageParts: []string{"unreachable and fenced", "the agent's Lease has not been renewed for 1m1s"},
 		},
 		{
 			name:       "fenced wins over a zombie threshold not reached",
-			in:         Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete), deletedAgo(5*time.Second)), Node: node(unreachableNoExecute), Lease: lease(2*time.Minute, "45s")},
+			in:         Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete), deletedAgo(5*time.Second)), Node: node(unreachableNoExecute), Fence: conditions.FenceEvidence{Node: "n1", Agent: lease(2*time.Minute, "45s")}},
 			wantAction: ForceTerminate, wantReason: conditions.ReasonNodeFenced,
 			wantTypes: []string{string(conditions.ForcefullyTerminated), string(corev1.DisruptionTarget)},
 		},
 		{
 			name:        "lease expiring: come back when the agent has surely fenced",
-			in:          Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), Node: node(unreachableNoExecute), Lease: lease(30*time.Second, "45s")},
+			in:          Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), Node: node(unreachableNoExecute), Fence: conditions.FenceEvidence{Node: "n1", Agent: lease(30*time.Second, "45s")}},
 			wantRequeue: 30 * time.Second,
 		},
 		{
 			name:        "earliest of the fence and zombie deadlines",
-			in:          Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete), deletedAgo(50*time.Second)), Node: node(unreachableNoExecute), Lease: lease(10*time.Second, "45s")},
+			in:          Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete), deletedAgo(50*time.Second)), Node: node(unreachableNoExecute), Fence: conditions.FenceEvidence{Node: "n1", Agent: lease(10*time.Second, "45s")}},
 			wantRequeue: 10 * time.Second,
 		},
 		{
 			name: "agent without fencing: an old lease means nothing",
-			in:   Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), Node: node(unreachableNoExecute), Lease: lease(time.Hour, "")},
+			in:   Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), Node: node(unreachableNoExecute), Fence: conditions.FenceEvidence{Node: "n1", Agent: lease(time.Hour, "")}},
 		},
 		{
 			name: "fenced lease but the node is reachable",
-			in:   Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), Node: node(), Lease: lease(time.Hour, "45s")},
+			in:   Input{Pod: pod(optedIn(conditions.AnnotationSafeToForcefullyDelete)), Node: node(), Fence: conditions.FenceEvidence{Node: "n1", Agent: lease(time.Hour, "45s")}},
 		},
 		{
 			name:             "orphan: its node is gone",

@@ -104,6 +104,14 @@ func TestHelmValues(t *testing.T) {
 	}
 	t.Setenv("NODE_NAME", "node-a") // the downward API's, as the kubelet sets it
 	t.Setenv("POD_NAMESPACE", "coroner-system")
+	podName := false
+	for _, e := range a.Env {
+		podName = podName || (e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name")
+	}
+	if !podName {
+		t.Errorf("the agent's env %+v has no POD_NAME from metadata.name (fencing on the node Lease names its pod)", a.Env)
+	}
+	t.Setenv("POD_NAME", "coroner-agent-x7k2p")
 	aopts := agent.NewOptions()
 	parseFlags(t, "coroner-agent", aopts.AddFlags, a.Args, map[string]string{"NODE_NAME": "node-a"})
 	if !aopts.Fencing || aopts.FenceAfter.String() != "45s" || aopts.RuntimeEndpoint != "unix:///run/containerd/containerd.sock" || aopts.PhaseGrace.String() != "20s" {

@@ -60,7 +60,7 @@ func testFencingTurnedOff(t *testing.T, env *containerd.Env) {
 		t.Fatal(err)
 	}
 	later := l.Spec.RenewTime.Add(time.Hour)
-	if st := conditions.NodeFenced(l, later, 0); !st.Fenced {
+	if st := conditions.NodeFenced(conditions.FenceEvidence{Node: node, Agent: l}, later, 0); !st.Fenced {
 		t.Fatalf("the stale Lease of an agent that fenced, an hour on: %+v; want fenced (what the shim concludes)", st)
 	}
 
@@ -78,7 +78,7 @@ func testFencingTurnedOff(t *testing.T, env *containerd.Env) {
 	if got := l.Annotations[conditions.AnnotationFencedAt]; got != fencedAt {
 		t.Errorf("fenced-at %q after the agent without --fencing, want the record %q kept", got, fencedAt)
 	}
-	if st := conditions.NodeFenced(l, later, 0); st.Fenced || !strings.Contains(st.Why, "does not fence") {
+	if st := conditions.NodeFenced(conditions.FenceEvidence{Node: node, Agent: l}, later, 0); st.Fenced || !strings.Contains(st.Why, "does not fence") {
 		t.Errorf("the Lease after the agent without --fencing, an hour on: %+v; want not fenced, \"does not fence\"", st)
 	}
 	off.stop()

@@ -168,8 +168,14 @@ func startFencingAgent(t *testing.T, f *fixture, node, host string, fenceAfter t
 }
 
 // startLeaseAgent is startFencingAgent with the choice of --fencing (fenceAfter unused
-// without it).
+// without it). The agent fences on its own Lease (--fence-signal=agent-lease).
 func startLeaseAgent(t *testing.T, f *fixture, node, host string, fencing bool, fenceAfter time.Duration) *fencingAgent {
+	t.Helper()
+	return startAgentWith(t, f, node, host, fencing, fenceAfter, func(o *agent.Options) { o.FenceSignal = conditions.FenceSignalAgentLease })
+}
+
+// startAgentWith is startLeaseAgent with the options changed by configure before Validate.
+func startAgentWith(t *testing.T, f *fixture, node, host string, fencing bool, fenceAfter time.Duration, configure func(*agent.Options)) *fencingAgent {
 	t.Helper()
 	opts := agent.NewOptions()
 	opts.NodeName = node
@@ -181,6 +187,7 @@ func startLeaseAgent(t *testing.T, f *fixture, node, host string, fencing bool, 
 	if fencing {
 		opts.FenceAfter = fenceAfter
 	}
+	configure(opts)
 	if err := opts.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -244,15 +251,7 @@ func testFencing(t *testing.T, env *containerd.Env) {
 	a := startFencingAgent(t, f, node, proxy.Addr(), fenceAfter)
 
 	// The Lease, renewed.
-	leases := f.client.CoordinationV1().Leases(f.ns)
-	lease := func() *coordinationv1.Lease {
-		t.Helper()
-		l, err := leases.Get(ctx, conditions.AgentLeaseName(node), metav1.GetOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			t.Fatal(err)
-		}
-		return l
-	}
+	lease := func() *coordinationv1.Lease { return f.agentLease(t, node) }
 	var l *coordinationv1.Lease
 	waitFor(t, "the agent's Lease", func() bool {
 		l = lease()
@@ -262,7 +261,7 @@ func testFencing(t *testing.T, env *containerd.Env) {
 		l.Annotations[conditions.AnnotationFenceAfter] != "10s" || l.Spec.AcquireTime == nil {
 		t.Fatalf("Lease spec %+v, annotations %v: want holder %s, 10s, acquired, annotation fence-after 10s", l.Spec, l.Annotations, node)
 	}
-	if st := conditions.NodeFenced(l, time.Now(), time.Second); st.Fenced {
+	if st := conditions.NodeFenced(conditions.FenceEvidence{Node: node, Agent: l}, time.Now(), time.Second); st.Fenced {
 		t.Errorf("the shim would read the fresh Lease as fenced: %+v", st)
 	}
 	first := l.Spec.RenewTime.Time
@@ -283,19 +282,7 @@ func testFencing(t *testing.T, env *containerd.Env) {
 	proxy.Cut()
 	lastRenewal := lease().Spec.RenewTime.Time
 
-	var finished time.Time
-	deadline := time.Now().Add(fenceAfter + 8*time.Second)
-	for {
-		st, err := in.Status(ctx, inID)
-		if err == nil && st.GetState().String() == "CONTAINER_EXITED" {
-			finished = kubeletsim.FinishedAt(st)
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the opted-in container still runs %v after the cut (fence-after %v)", time.Since(cut).Round(time.Millisecond), fenceAfter)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	finished := waitExited(t, f, in, inID, time.Now().Add(fenceAfter+8*time.Second), "the opted-in container (cut at "+cut.Format(time.RFC3339Nano)+")")
 	t.Logf("cut -> opted-in container stopped: %v (its exit %v after the Lease's last renewTime; fence-after %v)",
 		finished.Sub(cut).Round(time.Millisecond), finished.Sub(lastRenewal).Round(time.Millisecond), fenceAfter)
 	if finished.Before(knownRenewal.Add(fenceAfter)) {
@@ -350,21 +337,7 @@ func testFencing(t *testing.T, env *containerd.Env) {
 	renewedAgain := l.Spec.RenewTime.Time
 	waitFor(t, "renewals after the fence", func() bool { return lease().Spec.RenewTime.After(renewedAgain) })
 
-	var ev corev1.Event
-	waitFor(t, "the Fenced Event", func() bool {
-		evs, err := f.client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: fields.Set{
-			"involvedObject.kind": "Node", "involvedObject.name": node, "involvedObject.uid": string(n.UID),
-			"reason": conditions.EventReasonFenced,
-		}.String()})
-		if err != nil || len(evs.Items) == 0 {
-			return false
-		}
-		if len(evs.Items) > 1 || evs.Items[0].Count > 1 {
-			t.Fatalf("%d Fenced Events (count %d), want one: %+v", len(evs.Items), evs.Items[0].Count, evs.Items)
-		}
-		ev = evs.Items[0]
-		return true
-	})
+	ev := waitFencedEvent(t, f, n)
 	t.Logf("Event %s %s: %q", ev.Type, ev.Reason, ev.Message)
 	if ev.Type != corev1.EventTypeWarning || ev.InvolvedObject.UID != n.UID || ev.Source.Component != agent.Component {
 		t.Errorf("Event %+v: want a Warning from %s on the Node with UID %s", ev, agent.Component, n.UID)

@@ -104,6 +104,11 @@ func TestRenderedManifests(t *testing.T) {
 					if m.GetNamespace() != "" {
 						t.Errorf("%s is cluster-scoped but has namespace %q", key, m.GetNamespace())
 					}
+				case (strings.HasPrefix(key, "Role/") || strings.HasPrefix(key, "RoleBinding/")) && strings.HasSuffix(key, "-node-lease"):
+					// Reading the kubelets' Leases (fencing on the node Lease) is granted there.
+					if m.GetNamespace() != "kube-node-lease" {
+						t.Errorf("%s is in namespace %q, want kube-node-lease", key, m.GetNamespace())
+					}
 				case m.GetNamespace() != namespace:
 					t.Errorf("%s is in namespace %q, want %s", key, m.GetNamespace(), namespace)
 				}
@@ -145,6 +150,9 @@ func TestRenderedManifests(t *testing.T) {
 				t.Errorf("agent command %q, want [/coroner-agent]", a.Command)
 			}
 			t.Setenv("NODE_NAME", "node-a")
+			// The agent's pod name (fencing on the node Lease names it): the downward API's.
+			wantPodNameEnv(t, a)
+			t.Setenv("POD_NAME", "coroner-agent-x7k2p")
 			opts := agent.NewOptions()
 			fs := pflag.NewFlagSet("coroner-agent", pflag.ContinueOnError)
 			fs.SetOutput(discard{})
@@ -406,4 +414,19 @@ func TestManifestsApply(t *testing.T) {
 			t.Errorf("policy %s: type-checking warning at %s: %s", name, w.FieldRef, w.Warning)
 		}
 	}
+}
+
+// wantPodNameEnv checks that the agent's container gets $POD_NAME from its pod's
+// metadata.name (--pod-name's default).
+func wantPodNameEnv(t *testing.T, c *corev1.Container) {
+	t.Helper()
+	for _, e := range c.Env {
+		if e.Name == "POD_NAME" {
+			if e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.name" {
+				t.Errorf("POD_NAME %+v, want from the field metadata.name", e)
+			}
+			return
+		}
+	}
+	t.Errorf("the agent has no POD_NAME in its env %+v", c.Env)
 }

@@ -53,6 +53,10 @@ func TestLeastPrivilege(t *testing.T) {
 		{agentSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "coroner-agent-node-a"}, true},
 		{agentSA, access{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: other}, false},
 		{agentSA, access{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"}, false},
+		// Its kubelet's heartbeat, which it fences on (--fence-signal=node-lease): read only.
+		{agentSA, access{verb: "watch", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"}, true},
+		{agentSA, access{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", name: "node-a"}, true},
+		{agentSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", name: "node-a"}, false},
 		{agentSA, access{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: namespace}, false},
 		{agentSA, access{verb: "get", group: "batch", resource: "jobs", namespace: other}, false},
 		{agentSA, access{verb: "update", group: "batch", resource: "jobs", namespace: other}, false},
@@ -84,6 +88,10 @@ func TestLeastPrivilege(t *testing.T) {
 		{shimSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "coroner-agent-node-a"}, false},
 		{shimSA, access{verb: "watch", group: "coordination.k8s.io", resource: "leases", namespace: namespace}, true},
 		{shimSA, access{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: other}, false},
+		// A node's kubelet Lease, read when its agent fences on it: get only.
+		{shimSA, access{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", name: "node-a"}, true},
+		{shimSA, access{verb: "watch", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"}, false},
+		{shimSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", name: "node-a"}, false},
 	}
 	// Neither reads Secrets or ConfigMaps, in its own namespace or elsewhere, nor touches RBAC
 	// or admission configuration.

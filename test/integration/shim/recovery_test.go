@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim"
+	"github.com/coroner-dev/coroner/shim/backoff"
+	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/informers"
 	"github.com/coroner-dev/coroner/shim/recoverer"
 	"github.com/coroner-dev/coroner/shim/recovery"
@@ -31,11 +34,19 @@ import (
 // Leases from the test's namespace.
 func recoveryFixture(t *testing.T) *fixture {
 	t.Helper()
+	return recoveryFixtureWith(t, controller.Config{})
+}
+
+// recoveryFixtureWith is recoveryFixture with the Job controller's config (newFixture's
+// defaults for its zero fields).
+func recoveryFixtureWith(t *testing.T, jobs controller.Config) *fixture {
+	t.Helper()
 	if builtinTarget {
 		t.Skip("node-failure recovery is coroner's own")
 	}
 	// Each test reads agent Leases from a namespace of its own (made by agentNamespace).
 	return newShimFixture(t, shim.Config{
+		Jobs: jobs,
 		Recovery: recoverer.Config{Recovery: recovery.Config{Threshold: 2 * time.Second, FenceMargin: time.Second, StaleAfter: 3 * time.Second,
 			OrphanQuarantine: time.Second}},
 		Informers: informers.Config{AgentNamespace: fmt.Sprintf("agents-%d-%d", os.Getpid(), agentNamespaceSeq.Add(1))},
@@ -179,16 +190,7 @@ func TestFencedNodeRecovery(t *testing.T) {
 	f.bindPod(first, node)
 	f.runPod(first, true)
 
-	agents := f.agentNamespace()
-	renewed := metav1.NewMicroTime(time.Now().Add(-5 * time.Second))
-	lease := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: conditions.AgentLeaseName(node), Namespace: agents,
-			Annotations: map[string]string{conditions.AnnotationFenceAfter: "10s"}},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To[int32](10), RenewTime: &renewed},
-	}
-	if _, err := f.client.CoordinationV1().Leases(agents).Create(context.Background(), lease, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	f.agentLease(node, 5*time.Second)
 	f.taintUnreachable(node)
 	// Fenced once renewTime + 10s + 1s margin has passed: about 6s from now, not before.
 	f.consistently(job, 4*time.Second, "the pod left alone while the agent may still run it", func(_ *batchv1.Job, pods []*corev1.Pod) bool {
@@ -203,6 +205,158 @@ func TestFencedNodeRecovery(t *testing.T) {
 	f.succeedPod(second)
 	f.waitFinished(job, batchv1.JobComplete, settle)
 	f.wantCounters(job, counters{Succeeded: 1})
+}
+
+// agentLease writes node's agent Lease as an agent with --fence-after=10s leaves it when
+// it last renewed ago: fenced once ago passes 10s + the fixture's 1s margin.
+func (f *fixture) agentLease(node string, ago time.Duration) {
+	f.t.Helper()
+	agents := f.agentNamespace()
+	renewed := metav1.NewMicroTime(time.Now().Add(-ago))
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: conditions.AgentLeaseName(node), Namespace: agents,
+			Annotations: map[string]string{conditions.AnnotationFenceAfter: "10s"}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To[int32](10), RenewTime: &renewed},
+	}
+	if _, err := f.client.CoordinationV1().Leases(agents).Create(context.Background(), lease, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// Z2 on the kubelet's heartbeat (--fence-signal=node-lease): the agent's Lease says it
+// fences on its kubelet's node Lease and names its pod; the shim reads that node Lease
+// (kube-node-lease) and the pod on demand. The pod of a node whose kubelet last renewed 5s
+// ago is recovered once 10s + the 1s margin have passed, not before; the agent's pod shows
+// the node lifecycle controller's mark (Ready=False, no reason, after the last renewal),
+// which still counts as alive. On a second node the agent's kubelet had reported it not
+// ready (ContainersNotReady) before the node went silent: a dead agent fences nothing, and
+// its node's pod is left alone.
+func TestFencedNodeRecoveryOnNodeLease(t *testing.T) {
+	t.Parallel()
+	f := recoveryFixture(t)
+	agents := f.agentNamespace()
+	node, dead := f.node("kubelet-fenced"), f.node("agent-dead")
+	job := f.createJob(optedInJob("kubelet-fenced", f.ns).Parallelism(2).Completions(2))
+	pods := f.waitActive(job, 2, settle)
+	f.bindPod(pods[0], node)
+	f.bindPod(pods[1], dead)
+	f.runPod(pods[0], true)
+	f.runPod(pods[1], true)
+
+	heard := time.Now().Add(-5 * time.Second)
+	f.nodeLeaseAgent(agents, node, heard, corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionFalse,
+		LastTransitionTime: metav1.NewTime(heard.Add(4 * time.Second))})
+	f.nodeLeaseAgent(agents, dead, heard, corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionFalse,
+		Reason: "ContainersNotReady", LastTransitionTime: metav1.NewTime(heard.Add(-20 * time.Second))})
+	f.taintUnreachable(node)
+	f.taintUnreachable(dead)
+	f.consistently(job, 4*time.Second, "the pods left alone while the agents may still run them", func(_ *batchv1.Job, pods []*corev1.Pod) bool {
+		return len(pods) == 2 && pods[0].Status.Phase == corev1.PodRunning && pods[1].Status.Phase == corev1.PodRunning
+	})
+	got := f.waitRecovered(job, pods[0], conditions.ReasonNodeFenced, settle)
+	if took := time.Since(heard); took < 11*time.Second-time.Second {
+		t.Errorf("recovered %v after the kubelet's last renewal, before fence-after 10s + margin 1s", took)
+	}
+	if msg := conditions.Find(&got.Status, conditions.ForcefullyTerminated).Message; !strings.Contains(msg, "kube-node-lease/"+node) {
+		t.Errorf("message %q does not name the kubelet's Lease", msg)
+	}
+	f.consistentlyPods(3*time.Second, "the pod of the node whose agent was not ready left running", pods[1])
+}
+
+// nodeLeaseAgent makes what an agent with --fence-signal=node-lease --fence-after=10s and
+// its kubelet leave behind on node: the agent's pod (Running, with the Ready condition
+// ready), its Lease naming it, and the kubelet's node Lease last renewed at heard.
+func (f *fixture) nodeLeaseAgent(agents, node string, heard time.Time, ready corev1.PodCondition) {
+	f.t.Helper()
+	ctx := context.Background()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "coroner-agent-" + node, Namespace: agents},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "agent", Image: "coroner-agent"}}}}
+	pod, err := f.client.CoreV1().Pods(agents).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.Conditions = []corev1.PodCondition{ready}
+	if _, err := f.client.CoreV1().Pods(agents).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() {
+		_ = f.client.CoreV1().Pods(agents).Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	started := metav1.NewMicroTime(heard.Add(-time.Hour))
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: conditions.AgentLeaseName(node), Namespace: agents,
+			Annotations: map[string]string{conditions.AnnotationFenceOnNodeLease: "10s", conditions.AnnotationAgentPod: agents + "/" + pod.Name}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To[int32](10), RenewTime: &started},
+	}
+	if _, err := f.client.CoordinationV1().Leases(agents).Create(ctx, lease, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	renewed := metav1.NewMicroTime(heard)
+	nodeLease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: node, Namespace: conditions.NodeLeaseNamespace},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &renewed}}
+	if _, err := f.client.CoordinationV1().Leases(conditions.NodeLeaseNamespace).Create(ctx, nodeLease, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() {
+		_ = f.client.CoordinationV1().Leases(conditions.NodeLeaseNamespace).Delete(context.Background(), node, metav1.DeleteOptions{})
+	})
+}
+
+// A node lost with all of a Job's pods, under a backoff of 20s, doubling: the pods
+// recovered from the fenced node are replaced at once, all of them (the built-in
+// controller's rule, which coroner-shim followed before, would make the Job wait
+// 20s x 2^3 = 160s after four failures at once); a failure of the workload afterwards
+// still waits the 20s (docs/choices.md).
+func TestNodeLossReplacedWithoutBackoff(t *testing.T) {
+	t.Parallel()
+	slow := backoff.Policy{Base: 20 * time.Second, Max: 10 * time.Minute}
+	f := recoveryFixtureWith(t, controller.Config{Backoff: slow})
+	node := f.node("lost")
+	const n = 4
+	job := f.createJob(optedInJob("lost", f.ns).Parallelism(n).Completions(n))
+	first := f.waitActive(job, n, settle)
+	for _, p := range first {
+		f.bindPod(p, node)
+		f.runPod(p, true)
+	}
+	f.agentLease(node, time.Minute) // fenced already
+	f.taintUnreachable(node)
+	for _, p := range first {
+		f.waitRecovered(job, p, conditions.ReasonNodeFenced, settle)
+	}
+	recovered := time.Now()
+	// Well under the 20s a single failure that delays would cost.
+	second := f.waitActive(job, n, 10*time.Second)
+	t.Logf("%d replacements active %v after the last recovery", n, time.Since(recovered).Round(time.Millisecond))
+	f.waitCounters(job, counters{Active: n}, settle)
+
+	// A workload failure still delays its replacement by the base 20s.
+	other := f.node("alive")
+	for _, p := range second {
+		f.bindPod(p, other)
+		f.runPod(p, true)
+	}
+	failedAt := time.Now()
+	f.failPod(second[0], 1)
+	f.consistently(job, 15*time.Second, "the exit's replacement waits for the backoff", func(_ *batchv1.Job, pods []*corev1.Pod) bool {
+		for _, p := range activePods(pods) {
+			if !slices.ContainsFunc(second, func(q *corev1.Pod) bool { return q.UID == p.UID }) {
+				return false
+			}
+		}
+		return true
+	})
+	third := f.waitNewActive(job, -1, f.replacementWait(1), second...)
+	if took := time.Since(failedAt); took < 18*time.Second {
+		t.Errorf("the exit was replaced after %v, before the 20s backoff", took)
+	}
+	for _, p := range append(second[1:], third) {
+		f.runPod(p, true)
+		f.succeedPod(p)
+	}
+	f.waitFinished(job, batchv1.JobComplete, settle)
+	f.wantCounters(job, counters{Succeeded: n, Failed: 1})
 }
 
 // Z3: a pod bound to a node that does not exist is failed with DisruptionTarget
