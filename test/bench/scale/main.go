@@ -54,6 +54,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/bench/measure"
 	"github.com/coroner-dev/coroner/test/host"
 )
@@ -64,9 +65,11 @@ type config struct {
 	window     time.Duration
 	fenceAfter time.Duration
 	modes      []string
-	binDir     string
-	jsonDir    string
-	keep       bool
+	// fenceSignal is the outage's agents' --fence-signal.
+	fenceSignal string
+	binDir      string
+	jsonDir     string
+	keep        bool
 	// The outage scenario's.
 	outageNodes int
 	down        int
@@ -99,7 +102,8 @@ func main() {
 	fs.IntVar(&c.nodes, "nodes", c.nodes, "load: simulated nodes (kwok)")
 	fs.DurationVar(&c.window, "window", c.window, "each measuring window of the load scenario (the kubelets alone, then with the agents); at least 1m")
 	fs.DurationVar(&c.fenceAfter, "fence-after", c.fenceAfter, "the agents' --fence-after (coroner-agent's default: 2m)")
-	modesFlag := fs.String("agents", strings.Join(allModes, ","), "agent modes, one window each: renew (coroner-agent's fencing as built), watch (a watch of the kubelet's node Lease), get (a cached read of it every renew period)")
+	modesFlag := fs.String("agents", strings.Join(allModes, ","), "load: agent modes (coroner-agent's --fence-signal), one window each: agent-lease (renewing its own Lease), node-lease (watching the kubelet's)")
+	fs.StringVar(&c.fenceSignal, "fence-signal", conditions.FenceSignalNodeLease, "outage: the agents' --fence-signal (node-lease: the shim reads the kubelets' Leases and the agents' pods, which the outage makes; agent-lease)")
 	fs.StringVar(&c.binDir, "bin-dir", c.binDir, "where test/tools/build.sh put etcd, kube-apiserver and kwok")
 	fs.StringVar(&c.jsonDir, "json-dir", c.jsonDir, "where to write scale-<scenario>.json")
 	fs.BoolVar(&c.keep, "keep", false, "keep the API server's working directory (logs, etcd data)")
@@ -118,6 +122,9 @@ func main() {
 			bad = append(bad, fmt.Sprintf("--agents: unknown mode %q (want some of %s)", m, strings.Join(allModes, ",")))
 		}
 		c.modes = append(c.modes, m)
+	}
+	if c.fenceSignal != conditions.FenceSignalNodeLease && c.fenceSignal != conditions.FenceSignalAgentLease {
+		bad = append(bad, fmt.Sprintf("--fence-signal=%q: want %s or %s", c.fenceSignal, conditions.FenceSignalNodeLease, conditions.FenceSignalAgentLease))
 	}
 	if c.nodes < 1 || c.nodes > 20000 {
 		bad = append(bad, fmt.Sprintf("--nodes=%d: want 1 to 20000", c.nodes))

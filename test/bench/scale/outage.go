@@ -166,15 +166,28 @@ func runOutage(ctx context.Context, c config) error {
 			return err
 		}
 	}
+	if c.fenceSignal == conditions.FenceSignalNodeLease {
+		// The shim trusts a fence on the kubelet's Lease only from an agent whose pod it
+		// sees ready: the DaemonSet's pods, which kwok runs.
+		t := time.Now()
+		if err := createAgentPods(ctx, cs, c.nodes); err != nil {
+			return err
+		}
+		fmt.Printf("  %d agent pods Ready in %v\n", c.nodes, time.Since(t).Round(time.Second))
+	}
 	stopAgent, stopAgents, err := startFencers(ctx, env, c)
 	if err != nil {
 		return err
 	}
 	defer stopAgents()
-	if err := waitAgentLeases(ctx, cs, c.nodes, 5*time.Minute); err != nil {
+	if _, err := waitAgentLeases(ctx, cs, c.nodes, modeAnnotation(c.fenceSignal), 5*time.Minute); err != nil {
 		return err
 	}
-	fmt.Printf("  %d agents renew their fencing Leases every %v (--fence-after=%v)\n", c.nodes, fence.RenewPeriod(c.fenceAfter), c.fenceAfter)
+	if c.fenceSignal == conditions.FenceSignalNodeLease {
+		fmt.Printf("  %d agents watch their kubelet's Lease (--fence-signal=node-lease --fence-after=%v)\n", c.nodes, c.fenceAfter)
+	} else {
+		fmt.Printf("  %d agents renew their fencing Leases every %v (--fence-signal=agent-lease --fence-after=%v)\n", c.nodes, fence.RenewPeriod(c.fenceAfter), c.fenceAfter)
+	}
 
 	stopSched, err := env.StartScheduler(200)
 	if err != nil {
@@ -513,7 +526,7 @@ func startFencers(ctx context.Context, env *harness.Env, c config) (stop func(st
 	cancels := map[string]context.CancelFunc{}
 	for i := range c.nodes {
 		node := nodeName(i)
-		f, err := newFencer(node, acs, c.fenceAfter)
+		f, err := newFencer(node, acs, c.fenceAfter, c.fenceSignal == conditions.FenceSignalNodeLease)
 		if err != nil {
 			cancelAll()
 			return nil, nil, err
@@ -609,6 +622,49 @@ func countingProxy(ctx context.Context, env *harness.Env, counter *writeCounter)
 		_ = srv.Close()
 	}()
 	return "http://" + l.Addr().String(), nil
+}
+
+// createAgentPods makes coroner-agent's DaemonSet pods, one bound to each node (as the
+// DaemonSet controller binds them), tolerating every taint, and waits until kwok reports
+// them all Ready.
+func createAgentPods(ctx context.Context, cs kubernetes.Interface, nodes int) error {
+	sem := make(chan struct{}, 20)
+	errs := make(chan error, nodes)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		node := nodeName(i)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: agentPodName(node), Namespace: agentNamespace,
+				Labels: map[string]string{"app.kubernetes.io/name": "coroner-agent"}},
+				Spec: corev1.PodSpec{NodeName: node, Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+					Containers: []corev1.Container{{Name: "agent", Image: "docker.io/coroner/coroner-agent:dev"}}}}
+			if _, err := cs.CoreV1().Pods(agentNamespace).Create(ctx, p, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				errs <- fmt.Errorf("creating the agent pod of %s: %w", node, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	return waitFor(ctx, 5*time.Minute, func() (bool, string) {
+		pods, err := cs.CoreV1().Pods(agentNamespace).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			return false, err.Error()
+		}
+		ready := 0
+		for i := range pods.Items {
+			if c := conditions.Find(&pods.Items[i].Status, corev1.PodReady); c != nil && c.Status == corev1.ConditionTrue {
+				ready++
+			}
+		}
+		return ready >= nodes, fmt.Sprintf("%d of %d agent pods Ready", ready, nodes)
+	})
 }
 
 // createOutageJobs creates the group's Jobs: Indexed, 100 pods each (the last one the
