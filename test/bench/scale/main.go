@@ -25,18 +25,19 @@
 // an unchanged status every 5 min; the stage file of kwok's module says 10 min, which
 // would understate the kubelets). Measured first alone over --window (the kubelets'
 // writes, from the API server's apiserver_request_total), then with one agent per node
-// in this process, one window per mode (--agents):
-//   - renew: coroner-agent's fencing as built, its own fence.Fencer: the Lease
+// in this process, one window per mode (--agents), each agent coroner-agent's own fencing
+// code (fence.Fencer, on a node without containers):
+//   - agent-lease: the first design (--fence-signal=agent-lease), the Lease
 //     coroner-agent-<node> in coroner-system renewed every fence.RenewPeriod(--fence-after);
-//   - watch: a fence that learns the API server's reach from the kubelet's own heartbeat,
-//     a watch of the node's Lease in kube-node-lease (no write at rest);
-//   - get: the same from a read of that Lease from the API server's cache every renew
-//     period.
+//   - node-lease: the default (--fence-signal=node-lease), a watch of the kubelet's own
+//     Lease in kube-node-lease, the agent's Lease written once at its start (no write at
+//     rest).
 //
-// The agents' requests are counted by their client; the API server's count of writes
+// The agents' requests are counted by their clients; the API server's count of writes
 // over the window less the kubelets' checks that figure; the API server's and etcd's CPU
-// are read from /proc. The agents share one client without a rate limit (each agent has
-// its own connection and limit; the API server's work per request is the same).
+// are read from /proc. Each agent has a client and a connection of its own, as each
+// coroner-agent has (agentClient says why they must not share one), without a client-side
+// rate limit.
 //
 // Every figure is printed side by side with the ratios, and written to
 // _output/bench/scale-<scenario>.json (scale-outage.json, scale-load.json).

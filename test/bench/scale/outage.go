@@ -513,12 +513,6 @@ func printOutage(r outageResult) {
 // startFencers runs one fence.Fencer per node, as coroner-agent does, each with its own
 // context: stop(node) stops one (its node goes dark), stopAll the rest.
 func startFencers(ctx context.Context, env *harness.Env, c config) (stop func(string), stopAll func(), err error) {
-	cfg := ownConnection(env.Config)
-	cfg.QPS, cfg.Burst = -1, 0 // each agent has its own client and limit
-	acs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, nil, err
-	}
 	period := fence.RenewPeriod(c.fenceAfter)
 	actx, cancelAll := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -526,7 +520,7 @@ func startFencers(ctx context.Context, env *harness.Env, c config) (stop func(st
 	cancels := map[string]context.CancelFunc{}
 	for i := range c.nodes {
 		node := nodeName(i)
-		f, err := newFencer(node, acs, c.fenceAfter, c.fenceSignal == conditions.FenceSignalNodeLease)
+		f, err := newFencer(node, env.Config, nil, c.fenceAfter, c.fenceSignal == conditions.FenceSignalNodeLease)
 		if err != nil {
 			cancelAll()
 			return nil, nil, err
