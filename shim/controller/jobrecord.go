@@ -132,7 +132,9 @@ func (r *records) write(ctx context.Context, key string, job *batchv1.Job, entri
 		r.forget(key)
 		return fmt.Errorf("writing the JobRecord of Job %s: %w", key, err)
 	}
-	o, err := fromUnstructured(res)
+	// The record as stored, from the patch rather than from the answer (the whole record,
+	// which only its resourceVersion is read of).
+	o, err := stored.Patched(patch, res.GetResourceVersion())
 	if err != nil {
 		r.forget(key)
 		return err

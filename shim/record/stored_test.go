@@ -89,6 +89,51 @@ func TestMergePatch(t *testing.T) {
 	})
 }
 
+// TestPatched: the record the shim keeps after a write (Patched, from its own patch) is
+// the one the API server stores (the patch applied by the JSON merge patch library the API
+// server uses), round after round of new entries, changed entries and entries dropped
+// past the bound, times with nanoseconds included.
+func TestPatched(t *testing.T) {
+	stored := New("ns", "train", "uid-1")
+	stored.ResourceVersion = "1"
+	const max = 7
+	for round := range 6 {
+		next := stored.Record()
+		for i := range 3 {
+			name := fmt.Sprintf("train-%d-%d", i, round)
+			at := t0.Add(time.Duration(round)*time.Second + time.Duration(i)*time.Millisecond + 123)
+			next.Add(max, Of(failedPod(name, fmt.Sprint(i), int32(round+1)), Decision{Outcome: OutcomeFailed, Consequence: "counts towards the backoff limit"}, metav1.NewTime(at)))
+		}
+		if round == 3 { // an entry of an earlier round written again, changed
+			next.Add(max, Of(failedPod("train-0-2", "0", 9), Decision{Outcome: OutcomeDeleted, Why: "job failed: BackoffLimitExceeded"}, metav1.NewTime(t0.Add(3*time.Second))))
+		}
+		patch, ok, err := MergePatch(stored, next, max)
+		if err != nil || !ok {
+			t.Fatalf("round %d: MergePatch = %v, %v", round, ok, err)
+		}
+		rv := fmt.Sprint(round + 2)
+		want := apply(t, stored, patch)
+		want.ResourceVersion = rv
+		got, err := stored.Patched(patch, rv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Fatalf("round %d: the record kept (+) is not the stored one (-):\n%s", round, diff)
+		}
+		if round >= 3 && len(got.Pods) != max {
+			t.Errorf("round %d: %d entries, want the bound %d", round, len(got.Pods), max)
+		}
+		stored = got
+	}
+	if stored.Dropped[OutcomeFailed] == 0 {
+		t.Errorf("no entry was dropped past the bound: %v", stored.Dropped)
+	}
+	if _, err := stored.Patched([]byte("{"), "9"); err == nil {
+		t.Error("a patch that is not JSON was taken")
+	}
+}
+
 // TestPatchSize: the bytes a write costs per pod recorded, the figure the merge patch is
 // chosen for: a patch of 50 new entries into a record of 2,000.
 func TestPatchSize(t *testing.T) {
