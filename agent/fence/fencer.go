@@ -346,14 +346,7 @@ func (f *Fencer) renew(ctx context.Context) error {
 	f.mu.Lock()
 	fence := f.fence
 	f.mu.Unlock()
-	var fencedAt time.Time
-	if fence != nil {
-		fencedAt = fence.since
-	}
-
-	rctx, cancel := context.WithTimeout(ctx, f.requestTimeout)
-	err := f.writeLease(rctx, now, fencedAt)
-	cancel()
+	err := f.writeFor(ctx, now, fence)
 	if err != nil {
 		if ctx.Err() != nil {
 			return err
@@ -443,6 +436,18 @@ func (f *Fencer) writeLease(ctx context.Context, now, fencedAt time.Time) error 
 		}
 	}
 	return fmt.Errorf("updating Lease %s/%s: %w", f.cfg.Namespace, f.leaseName, err)
+}
+
+// writeFor writes the agent's Lease at now, with fence's start as its fenced-at (none when
+// fence is nil), bounded by the request timeout.
+func (f *Fencer) writeFor(ctx context.Context, now time.Time, fence *fenceRecord) error {
+	var fencedAt time.Time
+	if fence != nil {
+		fencedAt = fence.since
+	}
+	rctx, cancel := context.WithTimeout(ctx, f.requestTimeout)
+	defer cancel()
+	return f.writeLease(rctx, now, fencedAt)
 }
 
 // desired is the agent's Lease as written at now (DesiredLease, and OnNodeLease with

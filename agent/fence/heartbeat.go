@@ -195,13 +195,7 @@ func (f *Fencer) record(ctx context.Context) error {
 	f.mu.Lock()
 	ended, endedAt := f.ended, f.endedAt
 	f.mu.Unlock()
-	var fencedAt time.Time
-	if ended != nil {
-		fencedAt = ended.since
-	}
-	rctx, cancel := context.WithTimeout(ctx, f.requestTimeout)
-	err := f.writeLease(rctx, now, fencedAt)
-	cancel()
+	err := f.writeFor(ctx, now, ended)
 	if err != nil {
 		if ctx.Err() == nil && !f.failing {
 			klog.FromContext(ctx).Error(err, "Cannot write the agent's Lease; retrying, backing off up to MaxRecordRetry", "lease", klog.KRef(f.cfg.Namespace, f.leaseName))
