@@ -239,7 +239,11 @@ func runOutage(ctx context.Context, c config) error {
 			return err
 		}
 	}
-	if err := waitFor(ctx, 15*time.Minute, func() (bool, string) {
+	// At the size (5,000 nodes, 12,000 pods) this machine's saturated API server
+	// took the pods to Running at about 11 a second (2026-11-28: 5,328 of coroner's 10,000
+	// after 13 min), so the wait grows with the pods: 150 ms each, at least 15 min.
+	setupWait := max(15*time.Minute, time.Duration(c.pods+c.builtinPods)*150*time.Millisecond)
+	if err := waitFor(ctx, setupWait, func() (bool, string) {
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		return st.running[groupCoroner] >= c.pods && st.running[groupBuiltin] >= c.builtinPods,
