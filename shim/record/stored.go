@@ -184,32 +184,27 @@ func (o *JobRecord) Patched(patch []byte, resourceVersion string) (*JobRecord, e
 		out.MaxPods = *p.MaxPods
 	}
 	if p.Pods != nil {
-		out.Pods = maps.Clone(o.Pods)
-		if out.Pods == nil {
-			out.Pods = map[string]Entry{}
-		}
-		for name, e := range p.Pods {
-			if e == nil {
-				delete(out.Pods, name)
-			} else {
-				out.Pods[name] = *e
-			}
-		}
+		out.Pods = mergeMap(o.Pods, p.Pods)
 	}
 	if p.Dropped != nil {
-		out.Dropped = maps.Clone(o.Dropped)
-		if out.Dropped == nil {
-			out.Dropped = map[Outcome]int32{}
-		}
-		for k, n := range p.Dropped {
-			if n == nil {
-				delete(out.Dropped, k)
-			} else {
-				out.Dropped[k] = *n
-			}
-		}
+		out.Dropped = mergeMap(o.Dropped, p.Dropped)
 	}
 	return &out, nil
+}
+
+// mergeMap is a copy of m with a merge patch's map merged in: a nil value (the patch's
+// null) removes its key, any other sets it.
+func mergeMap[K comparable, V any](m map[K]V, patch map[K]*V) map[K]V {
+	out := make(map[K]V, len(m)+len(patch))
+	maps.Copy(out, m)
+	for k, v := range patch {
+		if v == nil {
+			delete(out, k)
+		} else {
+			out[k] = *v
+		}
+	}
+	return out
 }
 
 // DeepCopy copies o.
