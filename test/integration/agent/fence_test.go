@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2/ktesting"
 
@@ -457,20 +456,7 @@ func testFencingStartedCutOff(t *testing.T, env *containerd.Env) {
 		t.Errorf("Lease spec %+v, annotations %v: want renewed since the restore at %v, fence-after 10s", l.Spec, l.Annotations, restored)
 	}
 
-	var ev corev1.Event
-	waitFor(t, "the Fenced Event", func() bool {
-		evs, err := f.client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: fields.Set{
-			"involvedObject.kind": "Node", "involvedObject.name": node, "reason": conditions.EventReasonFenced,
-		}.String()})
-		if err != nil || len(evs.Items) == 0 {
-			return false
-		}
-		if len(evs.Items) > 1 || evs.Items[0].Count > 1 {
-			t.Fatalf("%d Fenced Events (count %d), want one: %+v", len(evs.Items), evs.Items[0].Count, evs.Items)
-		}
-		ev = evs.Items[0]
-		return true
-	})
+	ev := waitFencedEvent(t, f, n)
 	t.Logf("Event %s %s: %q", ev.Type, ev.Reason, ev.Message)
 	if ev.Type != corev1.EventTypeWarning || ev.InvolvedObject.UID != n.UID {
 		t.Errorf("Event %+v: want a Warning on the Node with UID %s", ev, n.UID)
