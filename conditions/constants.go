@@ -169,6 +169,15 @@ const (
 	// labels the built-in controller still sets next to the prefixed ones.
 	LegacyControllerUIDLabel = "controller-uid"
 	LegacyJobNameLabel       = "job-name"
+	// CountedLabel ("true") is added by the shim, in the patch that removes the tracking
+	// finalizer, to a pod that finished (Succeeded or Failed) and is counted in its Job's
+	// status: the shim's pod informer selects "!coroner.dev/counted", so the pod leaves
+	// its cache (a watch sends the shim a delete) and a Job of 100,000 completions costs
+	// the shim its running pods rather than every pod it ever had. Nothing the shim
+	// decides reads such a pod again (jobsync.LeavesCache says which pods may go). The
+	// built-in Job controller sets no such label; the shim does not copy it from a pod
+	// template.
+	CountedLabel = Prefix + "counted"
 
 	// ManagedBy is the shim's spec.managedBy value and the default of its
 	// --managed-by flag (S1).

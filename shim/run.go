@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -67,8 +68,8 @@ const leaderHealthTimeout = 20 * time.Second
 func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	// The typed client speaks protobuf, as kube-controller-manager's does: the shim's CPU
 	// goes mostly to decoding watch events and to the garbage that decoding leaves, which
-	// protobuf cuts to a fraction of JSON's. The JobRecords' dynamic client stays JSON
-	// (custom resources have no protobuf; dynamic.NewForConfig sets JSON itself).
+	// protobuf cuts to a fraction of JSON's. The JobRecords' clients stay JSON
+	// (RecordsConfig).
 	client, err := kubernetes.NewForConfig(protobuf(cfg))
 	if err != nil {
 		return fmt.Errorf("building the client: %w", err)
@@ -82,11 +83,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		if err := checkJobRecords(ctx, client); err != nil {
 			return err
 		}
-		dyn, err := dynamic.NewForConfig(cfg)
-		if err != nil {
-			return fmt.Errorf("building the client: %w", err)
+		if records, err = RecordsConfig(cfg, opts.JobRecordMaxPods); err != nil {
+			return err
 		}
-		records = controller.RecordsConfig{Client: dyn, MaxPods: opts.JobRecordMaxPods}
 	}
 
 	reg := prometheus.NewRegistry()
@@ -184,6 +183,22 @@ func checkServer(ctx context.Context, client kubernetes.Interface) error {
 	}
 	klog.FromContext(ctx).V(2).Info("The API server answers", "version", string(body))
 	return nil
+}
+
+// RecordsConfig is where the Job controller writes the JobRecords through cfg: a dynamic
+// client, JSON (custom resources have no protobuf; dynamic.NewForConfig sets JSON
+// itself), and a metadata client for the patches, whose answer is then the record's
+// metadata alone.
+func RecordsConfig(cfg *rest.Config, maxPods int) (controller.RecordsConfig, error) {
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return controller.RecordsConfig{}, fmt.Errorf("building the JobRecords' client: %w", err)
+	}
+	meta, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return controller.RecordsConfig{}, fmt.Errorf("building the JobRecords' client: %w", err)
+	}
+	return controller.RecordsConfig{Client: dyn, Metadata: meta, MaxPods: maxPods}, nil
 }
 
 // jobRecordsWait is how long the start waits for the API server to serve JobRecords: a

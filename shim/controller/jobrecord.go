@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/metadata"
 	"k8s.io/klog/v2"
 
 	"github.com/coroner-dev/coroner/shim/metrics"
@@ -40,6 +41,12 @@ const (
 type RecordsConfig struct {
 	// Client writes them; nil: no records (explain then says the story is incomplete).
 	Client dynamic.Interface
+	// Metadata, when set, sends the records' patches, whose answer is then only the
+	// record's metadata (the API server's PartialObjectMetadata) instead of the whole
+	// record, up to 750 KB of JSON that the dynamic client would decode into maps for
+	// the one field the shim reads of it, its resourceVersion. shim.Run sets it; without
+	// it (unit tests on a fake dynamic client) Client patches.
+	Metadata metadata.Interface
 	// MaxPods bounds the entries of one record (default DefaultRecordMaxPods).
 	MaxPods int
 }
@@ -48,6 +55,7 @@ type RecordsConfig struct {
 // so that a write is one merge patch (no read) while nobody else writes the record.
 type records struct {
 	client  dynamic.NamespaceableResourceInterface // nil: off
+	meta    metadata.Getter                        // nil: client patches
 	max     int
 	metrics *metrics.Metrics
 
@@ -64,8 +72,28 @@ func newRecords(cfg RecordsConfig, m *metrics.Metrics) *records {
 	}
 	if cfg.Client != nil {
 		r.client = cfg.Client.Resource(record.GroupVersionResource)
+		if cfg.Metadata != nil {
+			r.meta = cfg.Metadata.Resource(record.GroupVersionResource)
+		}
 	}
 	return r
+}
+
+// patch sends a merge patch of the Job's record and returns the record's resourceVersion
+// after it.
+func (r *records) patch(ctx context.Context, job *batchv1.Job, patch []byte) (string, error) {
+	if r.meta != nil {
+		m, err := r.meta.Namespace(job.Namespace).Patch(ctx, job.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		if err != nil {
+			return "", err
+		}
+		return m.ResourceVersion, nil
+	}
+	u, err := r.client.Namespace(job.Namespace).Patch(ctx, job.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return "", err
+	}
+	return u.GetResourceVersion(), nil
 }
 
 // forget drops what is known of the Job's record (the Job is gone or finished).
@@ -125,16 +153,15 @@ func (r *records) write(ctx context.Context, key string, job *batchv1.Job, entri
 	if err != nil || !ok {
 		return err
 	}
-	res, err := r.client.Namespace(job.Namespace).Patch(ctx, job.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	rv, err := r.patch(ctx, job, patch)
 	r.count("patch", err)
 	if err != nil {
 		// Whatever the record is now, the next sync reads it.
 		r.forget(key)
 		return fmt.Errorf("writing the JobRecord of Job %s: %w", key, err)
 	}
-	// The record as stored, from the patch rather than from the answer (the whole record,
-	// which only its resourceVersion is read of).
-	o, err := stored.Patched(patch, res.GetResourceVersion())
+	// The record as stored, from the patch and the answer's resourceVersion.
+	o, err := stored.Patched(patch, rv)
 	if err != nil {
 		r.forget(key)
 		return err

@@ -35,6 +35,16 @@ var removeTrackingFinalizerPatch = mustJSON(map[string]any{
 	},
 })
 
+// countedPatch removes the tracking finalizer of a counted pod that may leave the pod
+// cache (jobsync.LeavesCache) and labels it conditions.CountedLabel in the same write,
+// which the cache's selector excludes: no request more than the built-in controller's.
+var countedPatch = mustJSON(map[string]any{
+	"metadata": map[string]any{
+		"labels":                              map[string]string{conditions.CountedLabel: "true"},
+		"$deleteFromPrimitiveList/finalizers": []string{conditions.JobTrackingFinalizer},
+	},
+})
+
 // sync syncs the Job with the given key: it asks jobsync.Sync for a Plan and carries it
 // out in the order jobsync documents. An error re-queues the key with rate limiting.
 func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
@@ -192,7 +202,7 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 	}
 
 	// 3. Only now: the tracking finalizers of the pods the status accounts for.
-	finalizerErr := c.removeFinalizers(ctx, key, plan.RemoveFinalizer)
+	finalizerErr := c.removeFinalizers(ctx, key, job, plan.RemoveFinalizer)
 
 	// 4. Events, metrics, the backoff record, the next sync.
 	c.emit(job, plan.Events)
@@ -347,10 +357,11 @@ func (c *Controller) createPods(ctx context.Context, key string, job *batchv1.Jo
 	return notCreated, errors.Join(errs...)
 }
 
-// removeFinalizers removes the tracking finalizer of pods concurrently. Each removal is
-// expected before it is issued; a failed one is forgotten again, as no update will come.
-// A pod already gone is fine.
-func (c *Controller) removeFinalizers(ctx context.Context, key string, pods []*corev1.Pod) error {
+// removeFinalizers removes the tracking finalizer of pods of job concurrently, and labels
+// the pods that may leave the pod cache counted (countedPatch). Each removal is expected
+// before it is issued; a failed one is forgotten again, as no update will come. A pod
+// already gone is fine.
+func (c *Controller) removeFinalizers(ctx context.Context, key string, job *batchv1.Job, pods []*corev1.Pod) error {
 	if len(pods) == 0 {
 		return nil
 	}
@@ -367,7 +378,11 @@ func (c *Controller) removeFinalizers(ctx context.Context, key string, pods []*c
 	)
 	for _, p := range pods {
 		wg.Go(func() {
-			_, err := c.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, removeTrackingFinalizerPatch, metav1.PatchOptions{})
+			patch := removeTrackingFinalizerPatch
+			if jobsync.LeavesCache(job, p) {
+				patch = countedPatch
+			}
+			_, err := c.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 			if err == nil {
 				logger.V(4).Info("Removed the tracking finalizer", "pod", klog.KObj(p))
 				return

@@ -22,8 +22,10 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/jobsync"
+	"github.com/coroner-dev/coroner/shim/memretry"
 )
 
 // apiCall is one write the controller sent to the API server.
@@ -183,6 +185,49 @@ func TestSyncOrder(t *testing.T) {
 	f.c.syncJob = func(jobsync.Input) jobsync.Plan { t.Errorf("synced from a stale cache"); return jobsync.Plan{} }
 	if err := f.c.sync(context.Background(), testNS+"/j"); err != nil {
 		t.Fatalf("second sync: %v", err)
+	}
+}
+
+// TestRemoveFinalizersLabelsCounted checks that the finalizer removal of a counted pod
+// that may leave the pod cache (jobsync.LeavesCache) labels it conditions.CountedLabel in
+// the same patch, and that of any other pod changes nothing but the finalizer.
+func TestRemoveFinalizersLabelsCounted(t *testing.T) {
+	job := newJob("j")
+	grows := newJob("grows")
+	grows.Annotations = map[string]string{memretry.Annotation: "2x"} // not valid: its failed pods stay all the same
+	succeeded := newPod("succeeded", job, corev1.PodSucceeded)
+	failed := newPod("failed", job, corev1.PodFailed)
+	stopping := newPod("stopping", job, corev1.PodRunning)
+	stopping.DeletionTimestamp = &metav1.Time{Time: time.Date(2026, 3, 1, 11, 0, 0, 0, time.UTC)}
+	oom := newPod("oom", grows, corev1.PodFailed)
+	oomDone := newPod("oom-done", grows, corev1.PodSucceeded)
+	f := newFixture(t, job, grows, succeeded, failed, stopping, oom, oomDone)
+	writes := recordWrites(f)
+	ctx := context.Background()
+	if err := f.c.removeFinalizers(ctx, testNS+"/j", job, []*corev1.Pod{succeeded, failed, stopping}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.removeFinalizers(ctx, testNS+"/grows", grows, []*corev1.Pod{oom, oomDone}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(writes()); n != 5 {
+		t.Errorf("%d writes, want one patch a pod: %q", n, writes())
+	}
+	for name, wantCounted := range map[string]bool{"succeeded": true, "failed": true, "stopping": false, "oom": false, "oom-done": true} {
+		p, err := f.client.CoreV1().Pods(testNS).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Finalizers) != 0 {
+			t.Errorf("pod %s keeps finalizers %q", name, p.Finalizers)
+		}
+		v, ok := p.Labels[conditions.CountedLabel]
+		if got := ok && v == "true"; got != wantCounted || (ok && v != "true") {
+			t.Errorf("pod %s: label %s = %q (set %v), want set: %v", name, conditions.CountedLabel, v, ok, wantCounted)
+		}
+		if p.Labels[batchv1.ControllerUidLabel] == "" {
+			t.Errorf("pod %s lost its other labels: %v", name, p.Labels)
+		}
 	}
 }
 

@@ -10,7 +10,8 @@
 //
 //   - Jobs: every Job (spec.managedBy cannot be selected on).
 //   - Pods: the pods that carry the batch.kubernetes.io/controller-uid label, which every
-//     Job's pod has, stripped by StripJobPod to what the Job sync reads, indexed by the UID of their
+//     Job's pod has, less those the shim counted and labelled coroner.dev/counted (a
+//     finished pod leaves the cache with its tracking finalizer: JobPodSelector), stripped by StripJobPod to what the Job sync reads, indexed by the UID of their
 //     controlling Job (ControllerUIDIndex), by the label's value when they have no
 //     controller (OrphanUIDIndex) and by node (NodeNameIndex).
 //   - OtherPods: every other pod ("!batch.kubernetes.io/controller-uid"), stripped by
@@ -40,10 +41,16 @@ import (
 	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/coroner-dev/coroner/conditions"
 )
 
 // DefaultAgentNamespace is the default of Config.AgentNamespace.
 const DefaultAgentNamespace = "coroner-system"
+
+// JobPodSelector selects the pods of Pods: the Jobs' pods but those the shim has counted
+// and labelled to leave the cache (conditions.CountedLabel, jobsync.LeavesCache).
+const JobPodSelector = batchv1.ControllerUidLabel + ",!" + conditions.CountedLabel
 
 // Names of the pod indexes.
 const (
@@ -102,7 +109,7 @@ func New(client kubernetes.Interface, cfg Config) *Informers {
 	jobFactory := kinformers.NewSharedInformerFactoryWithOptions(client, 0,
 		kinformers.WithTransform(stripManagedFields))
 	podFactory := kinformers.NewSharedInformerFactoryWithOptions(client, 0,
-		kinformers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = batchv1.ControllerUidLabel }),
+		kinformers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = JobPodSelector }),
 		kinformers.WithTransform(StripJobPod))
 	otherPodFactory := kinformers.NewSharedInformerFactoryWithOptions(client, 0,
 		kinformers.WithNamespace(cfg.OtherPodsNamespace),

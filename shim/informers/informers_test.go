@@ -7,10 +7,13 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+
+	"github.com/coroner-dev/coroner/conditions"
 )
 
 func testJob(name, managedBy string) *batchv1.Job {
@@ -107,5 +110,42 @@ func TestIndexes(t *testing.T) {
 	}
 	if !IsManagedBy(job, "coroner.dev/shim") || IsManagedBy(job, "example.com/other") || IsManagedBy(nil, "coroner.dev/shim") {
 		t.Error("IsManagedBy does not compare spec.managedBy")
+	}
+}
+
+// TestCountedPodsNotCached: a Job's pod labelled coroner.dev/counted is in neither pod
+// cache; the Job's other pods are in Pods, a bare pod in OtherPods.
+func TestCountedPodsNotCached(t *testing.T) {
+	job := testJob("j", "coroner.dev/shim")
+	live := podOf("live", job, "n1")
+	counted := podOf("counted", job, "n1")
+	counted.Labels[conditions.CountedLabel] = "true"
+	counted.Finalizers = nil
+	counted.Status.Phase = corev1.PodSucceeded
+	bare := podOf("bare", nil, "n1")
+	inf := New(fake.NewClientset(job, live, counted, bare), Config{})
+	stop := make(chan struct{})
+	defer func() { close(stop); inf.Shutdown() }()
+	inf.Start(stop)
+	if !cache.WaitForCacheSync(stop, inf.Pods.HasSynced, inf.OtherPods.HasSynced) {
+		t.Fatal("caches did not sync")
+	}
+	keys := func(i cache.SharedIndexInformer) []string {
+		k := i.GetStore().ListKeys()
+		slices.Sort(k)
+		return k
+	}
+	if got := keys(inf.Pods); !slices.Equal(got, []string{"ns/live"}) {
+		t.Errorf("Pods holds %q, want ns/live", got)
+	}
+	if got := keys(inf.OtherPods); !slices.Equal(got, []string{"ns/bare"}) {
+		t.Errorf("OtherPods holds %q, want ns/bare", got)
+	}
+	sel, err := labels.Parse(JobPodSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel.Matches(labels.Set(counted.Labels)) || !sel.Matches(labels.Set(live.Labels)) || sel.Matches(labels.Set(bare.Labels)) {
+		t.Errorf("selector %q: counted %v, live %v, bare %v", sel, sel.Matches(labels.Set(counted.Labels)), sel.Matches(labels.Set(live.Labels)), sel.Matches(labels.Set(bare.Labels)))
 	}
 }

@@ -215,6 +215,8 @@ func newPod(job *batchv1.Job, index int, failureCount, ignoredCount int32) *core
 	// coroner's pod informer selects on the first, so every pod carries both.
 	pod.Labels[batchv1.ControllerUidLabel] = string(job.UID)
 	pod.Labels[batchv1.JobNameLabel] = job.Name
+	// A pod with it would never be in the shim's cache (conditions.CountedLabel).
+	delete(pod.Labels, conditions.CountedLabel)
 	if index == noIndex {
 		pod.GenerateName = truncate(job.Name+"-", maxGeneratedNameLength)
 		return pod

@@ -13,6 +13,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/shim/backoff"
+	"github.com/coroner-dev/coroner/shim/memretry"
+	"github.com/coroner-dev/coroner/shim/policy"
 	"github.com/coroner-dev/coroner/shim/record"
 )
 
@@ -191,4 +193,42 @@ func (s *state) canRemoveFinalizer(p *corev1.Pod, considerFailed bool) bool {
 		}
 	}
 	return true
+}
+
+// LeavesCache reports whether pod, a pod of job whose tracking finalizer the shim removes,
+// may leave the shim's pod cache once counted (the removal then adds
+// conditions.CountedLabel, which the cache's selector excludes). A pod that finished and
+// is counted is read by no later sync: the Job's status holds its count and its index
+// (completedIndexes, failedIndexes, the per-index failure counts carried by the index's
+// next pod, whose creation the failed pod's finalizer waits for). Three kinds stay:
+//
+//   - a pod that has not finished (a pod deleted with the Job, or by its end, while it
+//     runs): it is terminating, which status.terminating and podReplacementPolicy count
+//     until it is gone;
+//   - a failed pod that matches a FailJob rule of the Job's podFailurePolicy: the sync
+//     that counts it writes FailureTarget only if it may finish the Job then (its
+//     expectations satisfied, every active pod deleted); otherwise a later sync finds
+//     the rule's match among the failed pods again (failJobMessage), as the built-in
+//     controller does;
+//   - a failed pod of a Job with the coroner.dev/oom-memory-retry annotation (valid or
+//     not: it may be corrected): the memory of its index's next pod is planned from the
+//     failed pods (planMemory), and that pod may be created syncs after the failure is
+//     counted (a global backoff, expectations not yet satisfied). An annotation added to
+//     a running Job grows the memory from the failures still cached, which are those
+//     since it was added.
+//
+// TestCountedPodsAreNotRead plays Jobs through syncs with and without the pods that
+// leave, and finds the same decisions.
+func LeavesCache(job *batchv1.Job, pod *corev1.Pod) bool {
+	switch pod.Status.Phase {
+	case corev1.PodSucceeded:
+		return true
+	case corev1.PodFailed:
+		if _, memoryRetry := job.Annotations[memretry.Annotation]; memoryRetry {
+			return false
+		}
+		return policy.Match(job.Spec.PodFailurePolicy, pod).Action != batchv1.PodFailurePolicyActionFailJob
+	default:
+		return false
+	}
 }

@@ -21,7 +21,6 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -91,7 +90,7 @@ func startCoronerHere(base *rest.Config, qps float64, burst, workers int, jobRec
 		cfg := rest.CopyConfig(base)
 		cfg.UserAgent, cfg.QPS, cfg.Burst = conditions.ShimComponent, float32(qps), burst
 		cfg.Wrap(counter.wrap)
-		if records.Client, err = dynamic.NewForConfig(cfg); err != nil {
+		if records, err = shim.RecordsConfig(cfg, 0); err != nil {
 			return nil, err
 		}
 	}

@@ -315,7 +315,12 @@ func TestAdmissionPolicyKeepsTheShimToItsJobs(t *testing.T) {
 		}
 	})
 	// From here on jobPod has no finalizer.
-	patchDenied := "coroner-shim may patch a pod only to remove the finalizer batch.kubernetes.io/job-tracking, to adopt an orphan"
+	patchDenied := "coroner-shim may patch a pod only to remove the finalizer batch.kubernetes.io/job-tracking (labelling a finished pod coroner.dev/counted=true), to adopt an orphan"
+	// The shim's patch of a counted pod (shim/controller countedPatch) and its variations.
+	counted := func(labels string) string {
+		return fmt.Sprintf(`{"metadata":{"$deleteFromPrimitiveList/finalizers":[%q],"labels":{%s}}}`, conditions.JobTrackingFinalizer, labels)
+	}
+	countedLabel := fmt.Sprintf("%q:%q", conditions.CountedLabel, "true")
 	otherRef := fmt.Sprintf(`{"apiVersion":"batch/v1","kind":"Job","name":"other","uid":"%s","controller":true}`, "0c5e6e4e-0000-4000-8000-000000000001")
 	for _, tc := range []struct {
 		name, patch string
@@ -328,12 +333,35 @@ func TestAdmissionPolicyKeepsTheShimToItsJobs(t *testing.T) {
 		{"taking its owner reference off and adding a finalizer", `{"metadata":{"ownerReferences":null,"finalizers":["example.com/hold"]}}`},
 		{"giving it to another Job", `{"metadata":{"ownerReferences":[{"$patch":"replace"},` + otherRef + `]}}`},
 		{"changing its spec", `{"spec":{"activeDeadlineSeconds":5}}`},
+		{"labelling it counted while it has not finished", counted(countedLabel)},
 	} {
 		t.Run("patch a pod of a Job "+tc.name, func(t *testing.T) {
 			_, err := pods.Patch(ctx, jobPod.Name, types.StrategicMergePatchType, []byte(tc.patch), dry)
 			wantDenied(t, err, ownJobs, patchDenied, "changing nothing else; pod "+ns+"/managed-0")
 		})
 	}
+
+	t.Run("label a finished pod of a Job counted as its finalizer goes", func(t *testing.T) {
+		done := mustCreatePod(t, admin, wrappers.MakePod("managed-done", ns).ControlledBy(managed).Label("app", "a").Finalizer(conditions.JobTrackingFinalizer).Obj())
+		done.Status.Phase = corev1.PodSucceeded
+		if _, err := admin.CoreV1().Pods(ns).UpdateStatus(ctx, done, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct{ name, patch string }{
+			{"with another value", counted(fmt.Sprintf("%q:%q", conditions.CountedLabel, "yes"))},
+			{"and another label", counted(countedLabel + `,"app":"b"`)},
+			{"and an annotation", fmt.Sprintf(`{"metadata":{"$deleteFromPrimitiveList/finalizers":[%q],"labels":{%s},"annotations":{"example.com/x":"y"}}}`, conditions.JobTrackingFinalizer, countedLabel)},
+			{"and a finalizer", fmt.Sprintf(`{"metadata":{"finalizers":["example.com/hold"],"labels":{%s}}}`, countedLabel)},
+		} {
+			_, err := pods.Patch(ctx, done.Name, types.StrategicMergePatchType, []byte(tc.patch), dry)
+			wantDenied(t, err, ownJobs, patchDenied, "pod "+ns+"/managed-done")
+		}
+		p, err := pods.Patch(ctx, done.Name, types.StrategicMergePatchType, []byte(counted(countedLabel)), metav1.PatchOptions{})
+		wantAllowed(t, err)
+		if err == nil && (len(p.Finalizers) != 0 || p.Labels[conditions.CountedLabel] != "true" || p.Labels["app"] != "a") {
+			t.Errorf("counted pod has finalizers %q and labels %v", p.Finalizers, p.Labels)
+		}
+	})
 
 	// Adoption and release as shim/controller patches (claim.go): an orphan whose
 	// controller-uid label is the Job's UID gets the Job's controller reference and the

@@ -40,7 +40,6 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
@@ -151,7 +150,11 @@ func newFixtureFor(t *testing.T, builtin bool, cfg shim.Config) *fixture {
 		}
 		if cfg.Jobs.Records.Client == nil {
 			// The JobRecords, as deployed (the harness installs their CRD).
-			cfg.Jobs.Records.Client = dynamic.NewForConfigOrDie(env.Config)
+			records, err := shim.RecordsConfig(env.Config, cfg.Jobs.Records.MaxPods)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Jobs.Records = records
 		}
 		f.backoff = cfg.Jobs.Backoff
 	}
