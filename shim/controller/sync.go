@@ -21,6 +21,7 @@ import (
 	"github.com/coroner-dev/coroner/shim/jobsync"
 	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // slowStartInitialBatchSize is the size of the first batch of pod creations; each
@@ -140,20 +141,20 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 		"writeStatus", plan.WriteStatus, "removeFinalizer", len(plan.RemoveFinalizer), "requeueAfter", plan.RequeueAfter,
 		"expectationsSatisfied", satisfied)
 
-	// 0. The record of the pods that leave the Job in this plan, before any of them goes
-	// (jobrecord.go). When the write may succeed on a retry nothing else is done: the
-	// next sync tries again. When it cannot (the namespace is being deleted, RBAC or the
-	// CRD missing, the record refused), the Job goes on without it: the record is for
-	// explain, and a Job must never stall for it (explain then says its story is
-	// incomplete).
-	if err := c.jobRecords.write(ctx, key, job, plan.Leaving); err != nil {
-		if recordRetriable(err) {
+	// 0. The record of the pods that leave the Job in this plan, stored before any of
+	// them goes (jobrecord.go). The write runs beside the creations and the status write,
+	// which take no pod away: deletions (1.) and finalizer removals (3.) wait for it.
+	// When it failed in a way a retry may mend, no pod goes: before deletions the sync
+	// stops; before finalizer removals it ends as if they had failed (the next sync
+	// records those pods again and removes their finalizers). When it cannot succeed
+	// (the namespace is being deleted, RBAC or the CRD missing, the record refused), the
+	// Job goes on without it: the record is for explain, and a Job must never stall for
+	// it (explain then says its story is incomplete).
+	rec := c.startRecordWrite(ctx, key, job, plan.Leaving)
+	defer rec.wait() // no write outlives its sync
+	if len(plan.Delete) > 0 {
+		if err := rec.settle(); err != nil {
 			return err
-		}
-		if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
-			logger.V(2).Info("Not recording the pods that leave the Job: its namespace is being deleted", "pods", len(plan.Leaving))
-		} else {
-			logger.Error(err, "Not recording the pods that leave the Job; going on without", "pods", len(plan.Leaving))
 		}
 	}
 
@@ -201,8 +202,12 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 		logger.V(4).Info("Wrote the Job status", "active", plan.Status.Active, "succeeded", plan.Status.Succeeded, "failed", plan.Status.Failed)
 	}
 
-	// 3. Only now: the tracking finalizers of the pods the status accounts for.
-	finalizerErr := c.removeFinalizers(ctx, key, job, plan.RemoveFinalizer)
+	// 3. Only now: the tracking finalizers of the pods the status accounts for, once the
+	// record holds their entries.
+	finalizerErr := rec.settle()
+	if finalizerErr == nil {
+		finalizerErr = c.removeFinalizers(ctx, key, job, plan.RemoveFinalizer)
+	}
 
 	// 4. Events, metrics, the backoff record, the next sync.
 	c.emit(job, plan.Events)
@@ -222,6 +227,52 @@ func (c *Controller) sync(ctx context.Context, key string) (rErr error) {
 		c.queue.AddAfter(key, plan.RequeueAfter)
 	}
 	return errors.Join(manageErr, finalizerErr)
+}
+
+// recordWrite is a JobRecord write running beside the rest of a sync.
+type recordWrite struct {
+	done    chan struct{}
+	err     error // set before done closes
+	settled bool
+	result  error
+	logger  klog.Logger
+	entries int
+}
+
+// startRecordWrite writes the entries to the Job's record in the background.
+func (c *Controller) startRecordWrite(ctx context.Context, key string, job *batchv1.Job, entries []record.Entry) *recordWrite {
+	w := &recordWrite{done: make(chan struct{}), logger: klog.FromContext(ctx), entries: len(entries)}
+	if len(entries) == 0 {
+		close(w.done)
+		return w
+	}
+	go func() {
+		defer close(w.done)
+		w.err = c.jobRecords.write(ctx, key, job, entries)
+	}()
+	return w
+}
+
+func (w *recordWrite) wait() { <-w.done }
+
+// settle waits for the write and returns the error that must stop the pods from going: a
+// failure a retry may mend. Any other failure is logged, once, and let go.
+func (w *recordWrite) settle() error {
+	w.wait()
+	if w.settled {
+		return w.result
+	}
+	w.settled = true
+	switch err := w.err; {
+	case err == nil:
+	case recordRetriable(err):
+		w.result = err
+	case apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+		w.logger.V(2).Info("Not recording the pods that leave the Job: its namespace is being deleted", "pods", w.entries)
+	default:
+		w.logger.Error(err, "Not recording the pods that leave the Job; going on without", "pods", w.entries)
+	}
+	return w.result
 }
 
 // staleCache reports whether the Job lister still shows the version our last status

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/jobsync"
 	"github.com/coroner-dev/coroner/shim/memretry"
+	recordpkg "github.com/coroner-dev/coroner/shim/record"
 )
 
 // apiCall is one write the controller sent to the API server.
@@ -185,6 +187,50 @@ func TestSyncOrder(t *testing.T) {
 	f.c.syncJob = func(jobsync.Input) jobsync.Plan { t.Errorf("synced from a stale cache"); return jobsync.Plan{} }
 	if err := f.c.sync(context.Background(), testNS+"/j"); err != nil {
 		t.Fatalf("second sync: %v", err)
+	}
+}
+
+// TestSyncRecordFailsBesideTheStatusWrite: the JobRecord write runs beside the creations
+// and the status write; when it fails in a way a retry may mend, those go ahead but no
+// finalizer is removed, and the sync returns the error (the next sync records the pods
+// again: jobsync's TestUncountedRecordedAgain). With deletions planned, nothing is done.
+func TestSyncRecordFailsBesideTheStatusWrite(t *testing.T) {
+	for _, withDelete := range []bool{false, true} {
+		t.Run(fmt.Sprintf("deletions %v", withDelete), func(t *testing.T) {
+			job := newJob("j")
+			excess := newPod("excess", job, corev1.PodRunning)
+			done := newPod("done", job, corev1.PodFailed)
+			f := newFixture(t, job, excess, done)
+			f.inCache(t, job, excess, done)
+			dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+				map[schema.GroupVersionResource]string{recordpkg.GroupVersionResource: recordpkg.Kind + "List"})
+			dyn.PrependReactor("create", "jobrecords", func(clienttesting.Action) (bool, runtime.Object, error) {
+				return true, nil, apierrors.NewInternalError(errors.New("etcd is away"))
+			})
+			f.c.jobRecords = newRecords(RecordsConfig{Client: dyn}, nil)
+			writes := recordWrites(f)
+			plan := fullPlan(job, excess, done)
+			plan.Status.UncountedTerminatedPods = &batchv1.UncountedTerminatedPods{Failed: []types.UID{done.UID}}
+			plan.Leaving = []recordpkg.Entry{{Name: "done", Phase: corev1.PodFailed, Outcome: recordpkg.OutcomeFailed}}
+			if !withDelete {
+				plan.Delete = nil
+			}
+			f.c.syncJob = planFor(t, job, plan)
+			err := f.c.sync(context.Background(), testNS+"/j")
+			if err == nil || !strings.Contains(err.Error(), "etcd is away") {
+				t.Errorf("sync returned %v, want the record's error", err)
+			}
+			var want []string
+			if !withDelete {
+				want = []string{"create pods new", "update jobs/status j"}
+			}
+			if diff := cmp.Diff(want, writes()); diff != "" {
+				t.Errorf("API writes (-want +got):\n%s", diff)
+			}
+			if f.c.expectations.finalizersBeingRemoved(testNS + "/j").Has(done.UID) {
+				t.Errorf("the finalizer removal of %q is expected although it was not issued", done.Name)
+			}
+		})
 	}
 }
 

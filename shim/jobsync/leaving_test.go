@@ -2,6 +2,7 @@ package jobsync
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/coroner-dev/coroner/shim/record"
 	"github.com/coroner-dev/coroner/test/wrappers"
@@ -149,5 +151,25 @@ func TestLeavingWhenTheJobFailsWhileAPodRuns(t *testing.T) {
 	if !ok || got.Outcome != record.OutcomeFailed || got.Why != "job failed: BackoffLimitExceeded" ||
 		got.Consequence != "counted as failed: the Job failed (BackoffLimitExceeded) while it ran" {
 		t.Errorf("j-b's entry = %+v, want Failed, counted as the Job failed, deleted by the shim for it", got)
+	}
+}
+
+// TestUncountedRecordedAgain: a failed pod an earlier sync counted (its UID in
+// uncountedTerminatedPods.failed) but whose finalizer is still there, because that sync's
+// record write failed after its status write, is recorded again as it loses its
+// finalizer now, and not counted twice.
+func TestUncountedRecordedAgain(t *testing.T) {
+	j := job(wrappers.MakeJob("j", "ns").Completions(2).Parallelism(2))
+	p := tracked(failed("j-a", 1))
+	j.Status.UncountedTerminatedPods = &batchv1.UncountedTerminatedPods{Failed: []types.UID{p.UID}}
+	plan := sync(j, p, tracked(running("j-b")))
+	if got := names(plan.RemoveFinalizer); !slices.Equal(got, []string{"j-a"}) {
+		t.Errorf("finalizers removed of %q, want j-a", got)
+	}
+	if len(plan.Leaving) != 1 || plan.Leaving[0].Name != "j-a" || plan.Leaving[0].Outcome != record.OutcomeFailed {
+		t.Errorf("leaving %+v, want j-a Failed", plan.Leaving)
+	}
+	if plan.Status.Failed != 0 || len(plan.Status.UncountedTerminatedPods.Failed) != 1 {
+		t.Errorf("failed %d, uncounted %v: want it counted once, by the next sync", plan.Status.Failed, plan.Status.UncountedTerminatedPods.Failed)
 	}
 }

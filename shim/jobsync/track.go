@@ -73,7 +73,12 @@ func (s *state) track() {
 		case considerFailed || (s.finished != nil && s.finished.Type != batchv1.JobSuccessCriteriaMet):
 			r := s.match(p)
 			if s.uncountedFailed.Has(p.UID) {
-				break // counted, and recorded, by an earlier sync
+				// Counted by an earlier sync, which also recorded it unless that record
+				// write failed after the status write (the controller runs them side by
+				// side): recorded again, which changes nothing but the entry's time when
+				// it was stored.
+				s.leave(p, s.decision(p, r, ix))
+				break
 			}
 			if s.indexed && ix == noIndex {
 				s.leave(p, record.Decision{Outcome: record.OutcomeIgnored, Consequence: "not counted: its completion index is out of range"})
