@@ -2,9 +2,10 @@ package controller
 
 // The JobRecords: the stories of the pods that left each Job, for coronerctl explain
 // (package shim/record). A sync writes the entries of its plan (jobsync.Plan.Leaving)
-// first, before it deletes a pod or removes a finalizer, and stops there when the write
-// failed in a way a retry may mend (recordRetriable): a pod is not gone, or counted,
-// before its entry is stored, unless the record cannot be written at all.
+// beside its pod creations and status write, and deletes no pod and removes no
+// finalizer before the write is done; when it failed in a way a retry may mend
+// (recordRetriable) the pods stay for the next sync, which records them again: a pod is
+// not gone before its entry is stored, unless the record cannot be written at all.
 
 import (
 	"context"
