@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/utils/ptr"
 
+	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/test/wrappers"
@@ -43,12 +44,20 @@ func TestLeavesCache(t *testing.T) {
 		{"failed, memory retry", grows, tracked(failed("a", 137)), false},
 		{"succeeded, memory retry", grows, tracked(succeeded("a")), true},
 		{"failed, a FailJob rule matches", failJob, tracked(failed("a", 42)), false},
+		{"failed, being deleted", plain, deleting(tracked(failed("a", 1))), false},
+		{"succeeded, being deleted", plain, deleting(tracked(succeeded("a"))), false},
+		{"failed by node-failure recovery", plain, tracked(failed("a", 137).Condition(conditions.ForcefullyTerminated, corev1.ConditionTrue)), false},
 		{"failed, a FailJob rule does not match", failJob, tracked(failed("a", 1)), true},
 	} {
 		if got := LeavesCache(tc.job, tc.pod); got != tc.want {
 			t.Errorf("%s: LeavesCache = %v, want %v", tc.name, got, tc.want)
 		}
 	}
+}
+
+func deleting(p *corev1.Pod) *corev1.Pod {
+	p.DeletionTimestamp = &metav1.Time{Time: now}
+	return p
 }
 
 // TestCountedPodsAreNotRead plays Jobs through syncs twice, as the controller and the

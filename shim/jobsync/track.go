@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/utils/ptr"
 
+	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/policy"
@@ -205,11 +206,16 @@ func (s *state) canRemoveFinalizer(p *corev1.Pod, considerFailed bool) bool {
 // conditions.CountedLabel, which the cache's selector excludes). A pod that finished and
 // is counted is read by no later sync: the Job's status holds its count and its index
 // (completedIndexes, failedIndexes, the per-index failure counts carried by the index's
-// next pod, whose creation the failed pod's finalizer waits for). Three kinds stay:
+// next pod, whose creation the failed pod's finalizer waits for). Four kinds stay:
 //
 //   - a pod that has not finished (a pod deleted with the Job, or by its end, while it
 //     runs): it is terminating, which status.terminating and podReplacementPolicy count
 //     until it is gone;
+//   - a finished pod that is being deleted, or that node-failure recovery failed
+//     (coroner.dev/ForcefullyTerminated): recovery force-deletes such a pod when its node
+//     is unreachable and no kubelet will confirm the deletion (shim/recovery's
+//     DeleteTerminal and FinishDeletion), which it can only do to a pod it sees; it goes
+//     from the cache when it is gone;
 //   - a failed pod that matches a FailJob rule of the Job's podFailurePolicy: the sync
 //     that counts it writes FailureTarget only if it may finish the Job then (its
 //     expectations satisfied, every active pod deleted); otherwise a later sync finds
@@ -225,6 +231,9 @@ func (s *state) canRemoveFinalizer(p *corev1.Pod, considerFailed bool) bool {
 // TestCountedPodsAreNotRead plays Jobs through syncs with and without the pods that
 // leave, and finds the same decisions.
 func LeavesCache(job *batchv1.Job, pod *corev1.Pod) bool {
+	if pod.DeletionTimestamp != nil || conditions.IsTrue(&pod.Status, conditions.ForcefullyTerminated) {
+		return false
+	}
 	switch pod.Status.Phase {
 	case corev1.PodSucceeded:
 		return true
