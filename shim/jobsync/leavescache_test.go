@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
-	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
@@ -24,13 +23,8 @@ func TestLeavesCache(t *testing.T) {
 	plain := job(wrappers.MakeJob("j", "ns").Indexed().Completions(4))
 	grows := job(wrappers.MakeJob("j", "ns").Indexed().Completions(4))
 	grows.Annotations = map[string]string{memretry.Annotation: "factor=2,max=1Gi"}
-	failJob := job(wrappers.MakeJob("j", "ns").Indexed().Completions(4))
-	failJob.Spec.PodFailurePolicy = &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{
-		Action:      batchv1.PodFailurePolicyActionFailJob,
-		OnExitCodes: &batchv1.PodFailurePolicyOnExitCodesRequirement{Operator: batchv1.PodFailurePolicyOnExitCodesOpIn, Values: []int32{42}},
-	}}}
-	stopping := tracked(running("stopping"))
-	stopping.DeletionTimestamp = &metav1.Time{Time: now}
+	failJob := job(wrappers.MakeJob("j", "ns").Indexed().Completions(4).PodFailurePolicy(failJobOn42()))
+	stopping := deleting(tracked(running("stopping")))
 	for _, tc := range []struct {
 		name string
 		job  *batchv1.Job
@@ -55,6 +49,11 @@ func TestLeavesCache(t *testing.T) {
 	}
 }
 
+// failJobOn42 is a podFailurePolicy rule: FailJob on exit code 42.
+func failJobOn42() *wrappers.RuleWrapper {
+	return wrappers.OnExitCodes(batchv1.PodFailurePolicyActionFailJob, batchv1.PodFailurePolicyOnExitCodesOpIn, 42)
+}
+
 func deleting(p *corev1.Pod) *corev1.Pod {
 	p.DeletionTimestamp = &metav1.Time{Time: now}
 	return p
@@ -65,14 +64,7 @@ func deleting(p *corev1.Pod) *corev1.Pod {
 // a plan removed and that LeavesCache lets go (what the shim's cache no longer holds). Each
 // sync must plan the same in both runs: no decision reads a counted pod that left.
 func TestCountedPodsAreNotRead(t *testing.T) {
-	ignoreExit3 := &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{
-		Action:      batchv1.PodFailurePolicyActionIgnore,
-		OnExitCodes: &batchv1.PodFailurePolicyOnExitCodesRequirement{Operator: batchv1.PodFailurePolicyOnExitCodesOpIn, Values: []int32{3}},
-	}}}
-	failJob := &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{
-		Action:      batchv1.PodFailurePolicyActionFailJob,
-		OnExitCodes: &batchv1.PodFailurePolicyOnExitCodesRequirement{Operator: batchv1.PodFailurePolicyOnExitCodesOpIn, Values: []int32{42}},
-	}}}
+	ignoreExit3 := wrappers.OnExitCodes(batchv1.PodFailurePolicyActionIgnore, batchv1.PodFailurePolicyOnExitCodesOpIn, 3)
 	for _, tc := range []struct {
 		name string
 		job  *batchv1.Job
@@ -80,11 +72,8 @@ func TestCountedPodsAreNotRead(t *testing.T) {
 		// pod), at its ran-th look since it started; -1: it runs on.
 		exit func(ix, n, ran int) int32
 	}{
-		{"indexed, global backoff", func() *batchv1.Job {
-			j := job(wrappers.MakeJob("j", "ns").Indexed().Completions(12).Parallelism(4))
-			j.Spec.PodFailurePolicy = ignoreExit3
-			return j
-		}(), func(ix, n, _ int) int32 {
+		{"indexed, global backoff", job(wrappers.MakeJob("j", "ns").Indexed().Completions(12).Parallelism(4).
+			PodFailurePolicy(ignoreExit3)), func(ix, n, _ int) int32 {
 			switch {
 			case n == 0 && ix%3 == 0:
 				return 1
@@ -93,14 +82,8 @@ func TestCountedPodsAreNotRead(t *testing.T) {
 			}
 			return 0
 		}},
-		{"indexed, backoffLimitPerIndex 1, maxFailedIndexes 3", func() *batchv1.Job {
-			j := job(wrappers.MakeJob("j", "ns").Indexed().Completions(12).Parallelism(5))
-			j.Spec.BackoffLimitPerIndex = ptr.To[int32](1)
-			j.Spec.BackoffLimit = ptr.To[int32](1 << 30)
-			j.Spec.MaxFailedIndexes = ptr.To[int32](3)
-			j.Spec.PodFailurePolicy = ignoreExit3
-			return j
-		}(), func(ix, n, _ int) int32 {
+		{"indexed, backoffLimitPerIndex 1, maxFailedIndexes 3", job(wrappers.MakeJob("j", "ns").Indexed().Completions(12).Parallelism(5).
+			BackoffLimitPerIndex(1).MaxFailedIndexes(3).PodFailurePolicy(ignoreExit3)), func(ix, n, _ int) int32 {
 			switch {
 			case ix%5 == 2 && n < 2:
 				return 1 // fails its index
@@ -111,22 +94,13 @@ func TestCountedPodsAreNotRead(t *testing.T) {
 			}
 			return 0
 		}},
-		{"non-indexed, backoffLimit 3, ends failed", func() *batchv1.Job {
-			j := job(wrappers.MakeJob("j", "ns").Parallelism(3))
-			j.Spec.Completions = ptr.To[int32](10)
-			j.Spec.BackoffLimit = ptr.To[int32](3)
-			return j
-		}(), func(_, n, _ int) int32 {
+		{"non-indexed, backoffLimit 3, ends failed", job(wrappers.MakeJob("j", "ns").Completions(10).Parallelism(3).BackoffLimit(3)), func(_, n, _ int) int32 {
 			if n%3 == 1 {
 				return 1
 			}
 			return 0
 		}},
-		{"non-indexed, backoffLimit 1 exceeded while a pod runs", func() *batchv1.Job {
-			j := job(wrappers.MakeJob("j", "ns").Completions(6).Parallelism(3))
-			j.Spec.BackoffLimit = ptr.To[int32](1)
-			return j
-		}(), func(_, n, _ int) int32 {
+		{"non-indexed, backoffLimit 1 exceeded while a pod runs", job(wrappers.MakeJob("j", "ns").Completions(6).Parallelism(3).BackoffLimit(1)), func(_, n, _ int) int32 {
 			if n%3 == 0 {
 				return -1
 			}
@@ -142,11 +116,7 @@ func TestCountedPodsAreNotRead(t *testing.T) {
 			}
 			return 0
 		}},
-		{"indexed, a FailJob exit", func() *batchv1.Job {
-			j := job(wrappers.MakeJob("j", "ns").Indexed().Completions(8).Parallelism(4))
-			j.Spec.PodFailurePolicy = failJob
-			return j
-		}(), func(ix, n, _ int) int32 {
+		{"indexed, a FailJob exit", job(wrappers.MakeJob("j", "ns").Indexed().Completions(8).Parallelism(4).PodFailurePolicy(failJobOn42())), func(ix, n, _ int) int32 {
 			if ix == 6 {
 				return 42
 			}
