@@ -370,7 +370,34 @@ func describe(ns, job string) string {
 		d, _ := kubectl(ctx, "describe", "job", "-n", ns, job)
 		out = append(out, d...)
 	}
-	return string(out)
+	return string(out) + containerEnds(ctx, ns)
+}
+
+// containerEnds lists the containers in ns that did not end with exit 0 or are waiting,
+// with the kubelet's reason and message: the runtime's own error for a StartError or a
+// CreateContainerError, which neither kubectl get nor describe job shows.
+func containerEnds(ctx context.Context, ns string) string {
+	l, err := suite.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "containers: " + err.Error() + "\n"
+	}
+	var b strings.Builder
+	for _, p := range l.Items {
+		for _, s := range p.Status.ContainerStatuses {
+			switch {
+			case s.State.Terminated != nil && s.State.Terminated.ExitCode != 0:
+				e := s.State.Terminated
+				fmt.Fprintf(&b, "  %s/%s on %s: exit %d, %s: %q\n", p.Name, s.Name, p.Spec.NodeName, e.ExitCode, e.Reason, e.Message)
+			case s.State.Waiting != nil && s.State.Waiting.Message != "":
+				w := s.State.Waiting
+				fmt.Fprintf(&b, "  %s/%s on %s: waiting, %s: %q\n", p.Name, s.Name, p.Spec.NodeName, w.Reason, w.Message)
+			}
+		}
+	}
+	if b.Len() == 0 {
+		return ""
+	}
+	return "containers that failed or wait:\n" + b.String()
 }
 
 func ptrQuantity(s string) *resource.Quantity {

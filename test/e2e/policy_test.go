@@ -59,7 +59,7 @@ exit 0`
 		byIndex[p.Labels[batchv1.JobCompletionIndexAnnotation]]++
 	}
 	if byIndex["0"] != 1 || byIndex["1"] != 1 || byIndex["2"] != 2 {
-		t.Errorf("pods per index %v, want 0:1 1:1 (FailIndex: no retry) 2:2 (one retry)", byIndex)
+		t.Errorf("pods per index %v, want 0:1 1:1 (FailIndex: no retry) 2:2 (one retry)\n%s", byIndex, describe(ns, j.Name))
 	}
 	wantEvent(ctx, t, ns, j.Name, conditions.EventReasonPodFailurePolicy, "exited 42", "rule 0 (FailIndex)")
 }

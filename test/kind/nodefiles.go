@@ -11,7 +11,7 @@ import (
 )
 
 // nodeFilesVersion changes whenever installNodeFiles changes what it writes.
-const nodeFilesVersion = "nodefiles/3"
+const nodeFilesVersion = "nodefiles/5"
 
 // cniManifest is coroner-kind-cni's DaemonSet, the node image's
 // /kind/manifests/default-cni.yaml (kind applies it after kubeadm init).
@@ -29,7 +29,8 @@ var cniManifest []byte
 //   - containerd's CRI restrict_oom_score_adj = true (same reason: every sandbox fails
 //     otherwise), sandbox image pause:3.10.2 (kubeadm v1.36.3's), no fuse-overlayfs proxy
 //     plugin, unpacked layers kept (the images are pre-imported, not pulled);
-//   - CNI plugins are Debian's (/usr/lib/cni, linked from /opt/cni/bin).
+//   - CNI plugins are Debian's (/usr/lib/cni, linked from /opt/cni/bin);
+//   - containerd runs runc through runcNoV1Freezer (BinaryName; see there why).
 func (c Config) installNodeFiles(ctx context.Context, stage, kindDir string) error {
 	files := filepath.Join(kindDir, "images", "base", "files")
 	type cp struct {
@@ -88,6 +89,8 @@ func (c Config) installNodeFiles(ctx context.Context, stage, kindDir string) err
 			l = fmt.Sprintf("  sandbox_image = %q", "registry.k8s.io/pause:"+PauseTag)
 		case strings.HasPrefix(t, "discard_unpacked_layers"):
 			l = "  discard_unpacked_layers = false"
+		case strings.HasPrefix(t, "SystemdCgroup"):
+			l += fmt.Sprintf("\n    BinaryName = %q", runcNoV1FreezerPath)
 		}
 		lines = append(lines, l)
 	}
@@ -106,6 +109,10 @@ func (c Config) installNodeFiles(ctx context.Context, stage, kindDir string) err
 		ul = append(ul, l)
 	}
 	if err := writeFile(filepath.Join(stage, "etc/systemd/system/containerd.service"), []byte(strings.Join(ul, "\n")), 0o644); err != nil {
+		return err
+	}
+
+	if err := writeFile(filepath.Join(stage, runcNoV1FreezerPath), []byte(runcNoV1Freezer), 0o755); err != nil {
 		return err
 	}
 
@@ -198,3 +205,34 @@ func (c Config) installNodeFiles(ctx context.Context, stage, kindDir string) err
 	}
 	return nil
 }
+
+// runcNoV1Freezer runs runc in a mount namespace of its own without the cgroup v1 freezer
+// hierarchy; containerd calls it instead of runc (the runc runtimes' BinaryName).
+//
+// Why: on a cgroup v1 host, runc's systemd driver freezes every new container's cgroup
+// while systemd applies the container's device rules, and gives up after about 200 ms of
+// FREEZING ("error setting cgroup config for procHooks process: unable to freeze",
+// kubernetes/kubernetes#131087, also a flake of upstream's kind CI). On this 2-core
+// machine 16 of 90 pods started 30 at a time on a worker failed so (6, 3 and 7 per
+// burst): the kubelet reports StartError, exit 128, and the Job counts a failure, which
+// failed CI's e2e suite once. runc skips the freeze by design when it finds no freezer
+// mounted, as on cgroup v2, where users' kind nodes run; then 0 of 180 failed. Only runc
+// must not see it: containerd's shim loads each container's cgroups from
+// /proc/PID/cgroup and needs every listed hierarchy mounted (without the freezer in the
+// node it logs "cannot find cgroup mount destination" and sends no TaskOOM event).
+//
+// The new namespace keeps the node's mount propagation (volumes with HostToContainer
+// propagation still work); its cgroup mounts are made private first, so that the unmount
+// stays in it. The container's processes then stay in the shim's freezer cgroup; nothing
+// in the node pauses containers (the kubelet does not, coroner's agent stops them through
+// CRI).
+const runcNoV1Freezer = `#!/bin/sh
+# coroner test/kind: runc without the cgroup v1 freezer (test/kind/nodefiles.go says why).
+if mountpoint -q /sys/fs/cgroup/freezer; then
+	exec unshare --mount --propagation unchanged /bin/sh -c \
+		'mount --make-rprivate /sys/fs/cgroup && umount --recursive /sys/fs/cgroup/freezer && exec /usr/local/sbin/runc "$@"' runc "$@"
+fi
+exec /usr/local/sbin/runc "$@"
+`
+
+const runcNoV1FreezerPath = "/usr/local/sbin/runc-no-v1-freezer"
