@@ -209,6 +209,7 @@ func measureAgents(ctx context.Context, c config, env *harness.Env, cs kubernete
 	}()
 	var fencers []*fence.Fencer
 	synced := make(chan struct{}, c.nodes)
+	var acs kubernetes.Interface
 	for i := range c.nodes {
 		node := nodeName(i)
 		// Agents start at different times: each at a random point of one period.
@@ -219,7 +220,13 @@ func measureAgents(ctx context.Context, c config, env *harness.Env, cs kubernete
 		if mode == modeAgentLease {
 			m.Period = period.String()
 		}
-		f, err := newFencer(node, env.Config, counter, c.fenceAfter, mode == modeNodeLease)
+		if i%agentsPerConnection == 0 {
+			var err error
+			if acs, err = agentClient(env.Config, counter); err != nil {
+				return m, err
+			}
+		}
+		f, err := newFencerWith(node, acs, c.fenceAfter, mode == modeNodeLease)
 		if err != nil {
 			return m, err
 		}
@@ -380,6 +387,21 @@ func newFencer(node string, base *rest.Config, counter *writeCounter, fenceAfter
 	if err != nil {
 		return nil, err
 	}
+	return newFencerWith(node, acs, fenceAfter, nodeLease)
+}
+
+// agentsPerConnection is how many of the load scenario's agents share a client and its
+// connection: 50 use at most 50 of a connection's 100 HTTP/2 streams for their watches
+// (node-lease: one each), which leaves 50 for their writes; 100 connections for 5,000
+// nodes. A connection each, as in a cluster, costs this process 5,000 TLS sessions on the
+// 2 cores the API server needs; one client for all put the writes behind the watches'
+// streams (agentClient). What the scenario measures is the writes, which do not depend on
+// the connection they take. (At 5,000 nodes neither a connection each nor this pool set
+// up on 2026-11-29: the kubelets alone already saturated the API server, docs/performance.md.)
+const agentsPerConnection = 50
+
+// newFencerWith is newFencer on a client the caller gives.
+func newFencerWith(node string, acs kubernetes.Interface, fenceAfter time.Duration, nodeLease bool) (*fence.Fencer, error) {
 	return fence.New(fence.Config{NodeName: node, Namespace: agentNamespace, FenceAfter: fenceAfter,
 		Client: acs, Runtime: noRuntime{}, Pods: func() []*corev1.Pod { return nil }, Recorder: &record.FakeRecorder{},
 		NodeLease: nodeLease, Pod: types.NamespacedName{Namespace: agentNamespace, Name: agentPodName(node)}})

@@ -35,9 +35,10 @@
 //
 // The agents' requests are counted by their clients; the API server's count of writes
 // over the window less the kubelets' checks that figure; the API server's and etcd's CPU
-// are read from /proc. Each agent has a client and a connection of its own, as each
-// coroner-agent has (agentClient says why they must not share one), without a client-side
-// rate limit.
+// are read from /proc. The load scenario's agents share a client and its connection 50 at
+// a time (agentsPerConnection says why), the outage scenario's have one each, as each
+// coroner-agent has (agentClient says why they must not all share one); none has a
+// client-side rate limit.
 //
 // Every figure is printed side by side with the ratios, and written to
 // _output/bench/scale-<scenario>.json (scale-outage.json, scale-load.json).
