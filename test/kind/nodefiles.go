@@ -72,29 +72,11 @@ func (c Config) installNodeFiles(ctx context.Context, stage, kindDir string) err
 	if err != nil {
 		return err
 	}
-	var lines []string
-	skip := false
-	for _, l := range strings.Split(string(cfg), "\n") {
-		t := strings.TrimSpace(l)
-		if strings.HasPrefix(t, "[") {
-			skip = strings.HasPrefix(t, "[proxy_plugins")
-		}
-		if skip {
-			continue
-		}
-		switch {
-		case strings.HasPrefix(t, "restrict_oom_score_adj"):
-			l = "  restrict_oom_score_adj = true"
-		case strings.HasPrefix(t, "sandbox_image"):
-			l = fmt.Sprintf("  sandbox_image = %q", "registry.k8s.io/pause:"+PauseTag)
-		case strings.HasPrefix(t, "discard_unpacked_layers"):
-			l = "  discard_unpacked_layers = false"
-		case strings.HasPrefix(t, "SystemdCgroup"):
-			l += fmt.Sprintf("\n    BinaryName = %q", runcNoV1FreezerPath)
-		}
-		lines = append(lines, l)
+	ours, err := containerdConfig(string(cfg))
+	if err != nil {
+		return err
 	}
-	if err := writeFile(filepath.Join(stage, "etc/containerd/config.toml"), []byte(strings.Join(lines, "\n")), 0o644); err != nil {
+	if err := writeFile(filepath.Join(stage, "etc/containerd/config.toml"), []byte(ours), 0o644); err != nil {
 		return err
 	}
 	unit, err := os.ReadFile(filepath.Join(files, "etc/systemd/system/containerd.service"))
@@ -204,6 +186,42 @@ func (c Config) installNodeFiles(ctx context.Context, stage, kindDir string) err
 		}
 	}
 	return nil
+}
+
+// containerdConfig is kind's containerd config (kindCfg) as the node runs it: without the
+// fuse-overlayfs proxy plugin, restrict_oom_score_adj on, our sandbox image, unpacked
+// layers kept, and every runc runtime (each has SystemdCgroup) run through
+// runcNoV1Freezer. A config with no SystemdCgroup option is an error: kind changed its
+// file, and the node would run runc with the freezer again.
+func containerdConfig(kindCfg string) (string, error) {
+	var lines []string
+	skip := false
+	wrapped := 0
+	for _, l := range strings.Split(kindCfg, "\n") {
+		t := strings.TrimSpace(l)
+		if strings.HasPrefix(t, "[") {
+			skip = strings.HasPrefix(t, "[proxy_plugins")
+		}
+		if skip {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(t, "restrict_oom_score_adj"):
+			l = "  restrict_oom_score_adj = true"
+		case strings.HasPrefix(t, "sandbox_image"):
+			l = fmt.Sprintf("  sandbox_image = %q", "registry.k8s.io/pause:"+PauseTag)
+		case strings.HasPrefix(t, "discard_unpacked_layers"):
+			l = "  discard_unpacked_layers = false"
+		case strings.HasPrefix(t, "SystemdCgroup"):
+			l += fmt.Sprintf("\n    BinaryName = %q", runcNoV1FreezerPath)
+			wrapped++
+		}
+		lines = append(lines, l)
+	}
+	if wrapped == 0 {
+		return "", fmt.Errorf("kind's containerd config has no runc runtime with SystemdCgroup: cannot set BinaryName = %q", runcNoV1FreezerPath)
+	}
+	return strings.Join(lines, "\n"), nil
 }
 
 // runcNoV1Freezer runs runc in a mount namespace of its own without the cgroup v1 freezer
