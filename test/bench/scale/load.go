@@ -407,10 +407,11 @@ func newFencerWith(node string, acs kubernetes.Interface, fenceAfter time.Durati
 		NodeLease: nodeLease, Pod: types.NamespacedName{Namespace: agentNamespace, Name: agentPodName(node)}})
 }
 
-// agentClient is one agent's client, as each coroner-agent has its own: a connection of its
-// own (ownConnection) and no client-side rate limit (the agent's limits are never reached
-// at rest), its requests counted in counter when that is not nil. The agents must not
-// share a connection: kube-apiserver allows 100 HTTP/2 streams on one (its default), each
+// agentClient is a client for one agent, as each coroner-agent has its own (the load
+// scenario gives one to agentsPerConnection agents): a connection of its own
+// (ownConnection) and no client-side rate limit (the agent's limits are never reached at
+// rest), its requests counted in counter when that is not nil. The agents must not all
+// share one connection: kube-apiserver allows 100 HTTP/2 streams on one (its default), each
 // agent on the node Lease keeps one open with its watch, and client-go's transport can
 // put a request on a connection whose streams are all taken, where it waits for one to
 // close. 5,000 agents on one client got 4,493 of their start-up writes through in 5 min
