@@ -30,6 +30,7 @@ import (
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/informers"
 	"github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/shim/podwire"
 	"github.com/coroner-dev/coroner/shim/record"
 	"github.com/coroner-dev/coroner/shim/recoverer"
 	"github.com/coroner-dev/coroner/shim/recovery"
@@ -70,7 +71,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	// goes mostly to decoding watch events and to the garbage that decoding leaves, which
 	// protobuf cuts to a fraction of JSON's. The JobRecords' clients stay JSON
 	// (RecordsConfig).
-	client, err := kubernetes.NewForConfig(protobuf(cfg))
+	// Its core/v1 client decodes pods with shim/podwire: in place and without
+	// managedFields.
+	client, err := podwire.NewClientset(protobuf(cfg))
 	if err != nil {
 		return fmt.Errorf("building the client: %w", err)
 	}

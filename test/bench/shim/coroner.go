@@ -28,6 +28,7 @@ import (
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim"
 	"github.com/coroner-dev/coroner/shim/controller"
+	"github.com/coroner-dev/coroner/shim/podwire"
 	"github.com/coroner-dev/coroner/test/bench/measure"
 	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/host"
@@ -79,7 +80,8 @@ type inProcess struct {
 
 func startCoronerHere(base *rest.Config, qps float64, burst, workers int, jobRecords bool) (*inProcess, error) {
 	counter := newCallCounter()
-	client, err := newClient(base, conditions.ShimComponent, float32(qps), burst, counter.wrap)
+	// As coroner-shim builds it (shim.Run): pods decoded by shim/podwire.
+	client, err := podwire.NewClientset(clientConfig(base, conditions.ShimComponent, float32(qps), burst, counter.wrap))
 	if err != nil {
 		return nil, err
 	}

@@ -196,13 +196,17 @@ func run(ctx context.Context, c config) error {
 }
 
 func newClient(base *rest.Config, userAgent string, qps float32, burst int, wrap func(rt http.RoundTripper) http.RoundTripper) (kubernetes.Interface, error) {
+	return kubernetes.NewForConfig(clientConfig(base, userAgent, qps, burst, wrap))
+}
+
+func clientConfig(base *rest.Config, userAgent string, qps float32, burst int, wrap func(rt http.RoundTripper) http.RoundTripper) *rest.Config {
 	cfg := rest.CopyConfig(base)
 	cfg.UserAgent = userAgent
 	cfg.QPS, cfg.Burst = qps, burst
 	if wrap != nil {
 		cfg.Wrap(wrap)
 	}
-	return kubernetes.NewForConfig(cfg)
+	return cfg
 }
 
 // runRound runs the workload for the targets at the same time: the counters are read, the

@@ -47,6 +47,7 @@ import (
 	"github.com/coroner-dev/coroner/shim"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/controller"
+	"github.com/coroner-dev/coroner/shim/podwire"
 	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
@@ -174,6 +175,18 @@ func newClient(env *harness.Env, userAgent string) kubernetes.Interface {
 	return kubernetes.NewForConfigOrDie(cfg)
 }
 
+// newShimClient is the client of the shim under test, built as coroner-shim builds it
+// (shim.Run): pods decoded by shim/podwire.
+func newShimClient(env *harness.Env) kubernetes.Interface {
+	cfg := rest.CopyConfig(env.Config)
+	cfg.UserAgent = "coroner-shim"
+	client, err := podwire.NewClientset(cfg)
+	if err != nil {
+		panic(fmt.Sprintf("building the shim's client: %v", err))
+	}
+	return client
+}
+
 func (f *fixture) target() string {
 	if f.builtin {
 		return "the built-in Job controller"
@@ -193,7 +206,7 @@ func (f *fixture) startController() {
 	if f.builtin {
 		f.stopFn = holdBuiltin(f.t, f.env)
 	} else {
-		f.stopFn = startShim(f.t, newClient(f.env, "coroner-shim"), f.cfg)
+		f.stopFn = startShim(f.t, newShimClient(f.env), f.cfg)
 	}
 	f.running = true
 }
