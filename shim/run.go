@@ -30,7 +30,6 @@ import (
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/informers"
 	"github.com/coroner-dev/coroner/shim/metrics"
-	"github.com/coroner-dev/coroner/shim/podwire"
 	"github.com/coroner-dev/coroner/shim/record"
 	"github.com/coroner-dev/coroner/shim/recoverer"
 	"github.com/coroner-dev/coroner/shim/recovery"
@@ -69,24 +68,18 @@ const leaderHealthTimeout = 20 * time.Second
 func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	// The typed client speaks protobuf, as kube-controller-manager's does: the shim's CPU
 	// goes mostly to decoding watch events and to the garbage that decoding leaves, which
-	// protobuf cuts to a fraction of JSON's. The JobRecords' clients stay JSON
-	// (RecordsConfig).
-	// Its core/v1 client decodes pods with shim/podwire: in place and without
-	// managedFields.
-	client, err := podwire.NewClientset(protobuf(cfg))
+	// protobuf cuts to a fraction of JSON's, and shim/podwire cuts further. The JobRecords'
+	// clients stay JSON (RecordsConfig). All share one rate limiter (NewClients).
+	clients, err := NewClients(cfg, opts.JobRecords, opts.JobRecordMaxPods)
 	if err != nil {
-		return fmt.Errorf("building the client: %w", err)
+		return err
 	}
+	client := clients.Kube
 	if err := checkServer(ctx, client); err != nil {
 		return fmt.Errorf("cannot reach the API server at %s: %w", cfg.Host, err)
 	}
-
-	var records controller.RecordsConfig
 	if opts.JobRecords {
 		if err := checkJobRecords(ctx, client); err != nil {
-			return err
-		}
-		if records, err = RecordsConfig(cfg, opts.JobRecordMaxPods); err != nil {
 			return err
 		}
 	}
@@ -103,7 +96,8 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 			Workers:        opts.Workers,
 			Metrics:        m,
 			OOMVerdictWait: opts.OOMVerdictWait,
-			Records:        records,
+			Records:        clients.Records,
+			PodMetadata:    clients.PodMetadata,
 		},
 		Recovery: recoverer.Config{
 			Recovery: recovery.Config{

@@ -190,9 +190,21 @@ func (c *Controller) cannotAdopt(ctx context.Context, job *batchv1.Job) (string,
 
 // patchPod applies a strategic merge patch to pod.
 func (c *Controller) patchPod(ctx context.Context, pod *corev1.Pod, patch []byte) error {
-	_, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	return c.patchPodNamed(ctx, pod.Namespace, pod.Name, patch)
+}
+
+// patchPodNamed applies a strategic merge patch to the pod namespace/name, through
+// Config.PodMetadata when set (the answer is then the pod's metadata alone).
+func (c *Controller) patchPodNamed(ctx context.Context, namespace, name string, patch []byte) error {
+	if c.cfg.PodMetadata != nil {
+		_, err := c.cfg.PodMetadata.Resource(podsResource).Namespace(namespace).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+		return err
+	}
+	_, err := c.client.CoreV1().Pods(namespace).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 	return err
 }
+
+var podsResource = corev1.SchemeGroupVersion.WithResource("pods")
 
 // adoptPatch adds the Job's controller reference and the tracking finalizer to pod. The
 // pod's UID in the patch makes it fail (a conflict) on another pod of the same name.

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	batchlisters "k8s.io/client-go/listers/batch/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -63,6 +64,11 @@ type Config struct {
 	// Records is where the pods' stories go for coronerctl explain (jobrecord.go); a nil
 	// Client keeps none.
 	Records RecordsConfig
+	// PodMetadata, when set, carries the controller's pod patches (the tracking finalizer,
+	// the counted label, adoption and release), whose answers are then the pod's metadata
+	// alone rather than the whole pod, which nothing reads; nil: the typed client's
+	// patches (the unit tests' fake clientset has no metadata client).
+	PodMetadata metadata.Interface
 	// Workers is the number of Jobs synced concurrently; default 5.
 	Workers int
 	// Clock is the controller's clock; default clock.RealClock{}.

@@ -63,7 +63,7 @@ func (c *Controller) syncOrphanPod(ctx context.Context, key string) error {
 	// On the version this decision was made from: a Job may have adopted the pod since
 	// (claim.go), and the finalizer it gave the pod must stay. A newer version comes
 	// with its own update event, which enqueues the pod again if it is still an orphan.
-	_, err = c.client.CoreV1().Pods(ns).Patch(ctx, name, types.StrategicMergePatchType, removeTrackingFinalizerAtPatch(pod.ResourceVersion), metav1.PatchOptions{})
+	err = c.patchPodNamed(ctx, ns, name, removeTrackingFinalizerAtPatch(pod.ResourceVersion))
 	if apierrors.IsConflict(err) {
 		logger.V(4).Info("The orphan pod changed since it was cached; looking again at its next version", "pod", klog.KObj(pod))
 		return nil

@@ -333,13 +333,12 @@ func (c *Controller) deletePods(ctx context.Context, key string, job *batchv1.Jo
 }
 
 func (c *Controller) deleteOne(ctx context.Context, d jobsync.PodDelete) error {
-	pods := c.client.CoreV1().Pods(d.Pod.Namespace)
 	if d.RemoveFinalizerFirst && hasTrackingFinalizer(d.Pod) {
-		if _, err := pods.Patch(ctx, d.Pod.Name, types.StrategicMergePatchType, removeTrackingFinalizerPatch, metav1.PatchOptions{}); err != nil {
+		if err := c.patchPod(ctx, d.Pod, removeTrackingFinalizerPatch); err != nil {
 			return err
 		}
 	}
-	return pods.Delete(ctx, d.Pod.Name, metav1.DeleteOptions{})
+	return c.client.CoreV1().Pods(d.Pod.Namespace).Delete(ctx, d.Pod.Name, metav1.DeleteOptions{})
 }
 
 // createPods creates the pods of the plan in slow-start batches of 1, 2, 4, ... and
@@ -433,7 +432,7 @@ func (c *Controller) removeFinalizers(ctx context.Context, key string, job *batc
 			if jobsync.LeavesCache(job, p) {
 				patch = countedPatch
 			}
-			_, err := c.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+			err := c.patchPod(ctx, p, patch)
 			if err == nil {
 				logger.V(4).Info("Removed the tracking finalizer", "pod", klog.KObj(p))
 				return

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
+	metadatafake "k8s.io/client-go/metadata/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
@@ -602,5 +603,40 @@ func TestSyncOrphanPod(t *testing.T) {
 				t.Errorf("finalizer removed = %v, want %v", patched, tc.wantPatch)
 			}
 		})
+	}
+}
+
+// TestPodPatchesThroughMetadata: with Config.PodMetadata, the pod patches go through it
+// (answered with the pod's metadata alone), with the same bodies the typed client would
+// have sent, and none through the typed client.
+func TestPodPatchesThroughMetadata(t *testing.T) {
+	job := newJob("j")
+	succeeded := newPod("succeeded", job, corev1.PodSucceeded)
+	stopping := newPod("stopping", job, corev1.PodRunning)
+	f := newFixture(t, job, succeeded, stopping)
+	typed := recordWrites(f)
+	meta := metadatafake.NewSimpleMetadataClient(metadatafake.NewTestScheme())
+	var mu sync.Mutex
+	patches := map[string]string{}
+	meta.PrependReactor("patch", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		p := a.(clienttesting.PatchAction)
+		mu.Lock()
+		defer mu.Unlock()
+		patches[p.GetNamespace()+"/"+p.GetName()] = string(p.GetPatchType()) + " " + string(p.GetPatch())
+		return true, &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: p.GetName(), Namespace: p.GetNamespace()}}, nil
+	})
+	f.c.cfg.PodMetadata = meta
+	if err := f.c.removeFinalizers(context.Background(), testNS+"/j", job, []*corev1.Pod{succeeded, stopping}); err != nil {
+		t.Fatal(err)
+	}
+	if w := typed(); len(w) != 0 {
+		t.Errorf("writes through the typed client: %q, want none", w)
+	}
+	want := map[string]string{
+		testNS + "/succeeded": string(types.StrategicMergePatchType) + " " + string(countedPatch),
+		testNS + "/stopping":  string(types.StrategicMergePatchType) + " " + string(removeTrackingFinalizerPatch),
+	}
+	if diff := cmp.Diff(want, patches); diff != "" {
+		t.Errorf("patches through the metadata client (-want +got):\n%s", diff)
 	}
 }

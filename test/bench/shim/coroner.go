@@ -28,7 +28,6 @@ import (
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim"
 	"github.com/coroner-dev/coroner/shim/controller"
-	"github.com/coroner-dev/coroner/shim/podwire"
 	"github.com/coroner-dev/coroner/test/bench/measure"
 	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/host"
@@ -80,25 +79,16 @@ type inProcess struct {
 
 func startCoronerHere(base *rest.Config, qps float64, burst, workers int, jobRecords bool) (*inProcess, error) {
 	counter := newCallCounter()
-	// As coroner-shim builds it (shim.Run): pods decoded by shim/podwire.
-	client, err := podwire.NewClientset(clientConfig(base, conditions.ShimComponent, float32(qps), burst, counter.wrap))
+	// As coroner-shim builds them (shim.Run): one rate limiter for all, the pods decoded
+	// by shim/podwire, the pod patches answered with metadata; with --job-records (on by
+	// default), the JobRecords' writes are counted with the rest of the controller's calls.
+	clients, err := shim.NewClients(clientConfig(base, conditions.ShimComponent, float32(qps), burst, counter.wrap), jobRecords, 0)
 	if err != nil {
 		return nil, err
 	}
-	var records controller.RecordsConfig
-	if jobRecords {
-		// As deployed (--job-records, on by default): the JobRecords' writes are counted
-		// with the rest of the controller's calls.
-		cfg := rest.CopyConfig(base)
-		cfg.UserAgent, cfg.QPS, cfg.Burst = conditions.ShimComponent, float32(qps), burst
-		cfg.Wrap(counter.wrap)
-		if records, err = shim.RecordsConfig(cfg, 0); err != nil {
-			return nil, err
-		}
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &inProcess{
-		ctrl:    shim.NewControllers(ctx, client, shim.Config{Jobs: controller.Config{Workers: workers, Records: records}}),
+		ctrl:    shim.NewControllers(ctx, clients.Kube, shim.Config{Jobs: controller.Config{Workers: workers, Records: clients.Records, PodMetadata: clients.PodMetadata}}),
 		counter: counter,
 		cancel:  cancel,
 		done:    make(chan error, 1),

@@ -41,6 +41,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
@@ -156,6 +157,10 @@ func newFixtureFor(t *testing.T, builtin bool, cfg shim.Config) *fixture {
 				t.Fatal(err)
 			}
 			cfg.Jobs.Records = records
+		}
+		if cfg.Jobs.PodMetadata == nil {
+			// The pod patches as deployed: answered with metadata (shim.NewClients).
+			cfg.Jobs.PodMetadata = metadata.NewForConfigOrDie(env.Config)
 		}
 		f.backoff = cfg.Jobs.Backoff
 	}
