@@ -96,7 +96,7 @@ func NewOptions() *Options {
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig file; empty means the in-cluster config (service account), then $KUBECONFIG.")
 	fs.StringVar(&o.ManagedBy, "managed-by", o.ManagedBy, "The spec.managedBy value of the Jobs this controller manages; every other Job is left alone.")
-	fs.Float32Var(&o.QPS, "kube-api-qps", o.QPS, "Steady queries per second to the API server.")
+	fs.Float32Var(&o.QPS, "kube-api-qps", o.QPS, "Steady queries per second to the API server, for the two controllers' requests together (leader election has its own).")
 	fs.IntVar(&o.Burst, "kube-api-burst", o.Burst, "Burst of queries to the API server; at least --kube-api-qps.")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Jobs synced concurrently.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Run only while holding the leader Lease, so that several replicas can run.")
