@@ -59,11 +59,11 @@ func jobPod() *corev1.Pod {
 			Finalizers:      []string{"batch.kubernetes.io/job-tracking"},
 			ManagedFields: []metav1.ManagedFieldsEntry{
 				{Manager: "coroner-shim", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", Time: &ts, FieldsType: "FieldsV1",
-					FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:labels":{".":{},"f:batch.kubernetes.io/job-name":{}}},"f:spec":{"f:containers":{}}}`)}},
+					FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{".":{},"f:batch.kubernetes.io/job-name":{}}},"f:spec":{"f:containers":{}}}`)},
 				{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", Time: &ts, FieldsType: "FieldsV1", Subresource: "status",
-					FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:conditions":{},"f:phase":{}}}`)}},
+					FieldsV1: metav1.NewFieldsV1(`{"f:status":{"f:conditions":{},"f:phase":{}}}`)},
 				{Manager: "coroner-agent", Operation: metav1.ManagedFieldsOperationApply, APIVersion: "v1", Time: &ts, FieldsType: "FieldsV1", Subresource: "status",
-					FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:conditions":{"k:{\"type\":\"DisruptionTarget\"}":{}}}}`)}},
+					FieldsV1: metav1.NewFieldsV1(`{"f:status":{"f:conditions":{"k:{\"type\":\"DisruptionTarget\"}":{}}}}`)},
 			},
 		},
 		Spec: corev1.PodSpec{
