@@ -41,14 +41,12 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
 	"github.com/coroner-dev/coroner/shim"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/controller"
-	"github.com/coroner-dev/coroner/shim/podwire"
 	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
@@ -87,6 +85,9 @@ type fixture struct {
 	// cfg is the coroner controllers' config (Jobs.ManagedBy is the value the fixture's
 	// Jobs carry); unused under the built-in controller.
 	cfg shim.Config
+	// shimClient is the typed client of coroner's controllers (newShimClients); nil under
+	// the built-in controller.
+	shimClient kubernetes.Interface
 	// backoff is the replacement delay policy in effect: cfg.Jobs.Backoff, or the built-in
 	// controller's 10s doubling.
 	backoff backoff.Policy
@@ -150,17 +151,15 @@ func newFixtureFor(t *testing.T, builtin bool, cfg shim.Config) *fixture {
 		if cfg.Jobs.Clock == nil {
 			cfg.Jobs.Clock = clock.RealClock{}
 		}
+		// The clients as deployed (shim.NewClients): pods decoded by shim/podwire, pod
+		// patches answered with metadata, the JobRecords (the harness installs their CRD).
+		clients := newShimClients(t, env, cfg.Jobs.Records.MaxPods)
+		f.shimClient = clients.Kube
 		if cfg.Jobs.Records.Client == nil {
-			// The JobRecords, as deployed (the harness installs their CRD).
-			records, err := shim.RecordsConfig(env.Config, cfg.Jobs.Records.MaxPods)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.Jobs.Records = records
+			cfg.Jobs.Records = clients.Records
 		}
 		if cfg.Jobs.PodMetadata == nil {
-			// The pod patches as deployed: answered with metadata (shim.NewClients).
-			cfg.Jobs.PodMetadata = metadata.NewForConfigOrDie(env.Config)
+			cfg.Jobs.PodMetadata = clients.PodMetadata
 		}
 		f.backoff = cfg.Jobs.Backoff
 	}
@@ -180,16 +179,17 @@ func newClient(env *harness.Env, userAgent string) kubernetes.Interface {
 	return kubernetes.NewForConfigOrDie(cfg)
 }
 
-// newShimClient is the client of the shim under test, built as coroner-shim builds it
-// (shim.Run): pods decoded by shim/podwire.
-func newShimClient(env *harness.Env) kubernetes.Interface {
+// newShimClients builds the clients of the shim under test as coroner-shim builds them
+// (shim.NewClients), with the JobRecords' (maxPods is their RecordsConfig.MaxPods).
+func newShimClients(t testing.TB, env *harness.Env, maxPods int) *shim.Clients {
+	t.Helper()
 	cfg := rest.CopyConfig(env.Config)
 	cfg.UserAgent = "coroner-shim"
-	client, err := podwire.NewClientset(cfg)
+	clients, err := shim.NewClients(cfg, true, maxPods)
 	if err != nil {
-		panic(fmt.Sprintf("building the shim's client: %v", err))
+		t.Fatalf("building the shim's clients: %v", err)
 	}
-	return client
+	return clients
 }
 
 func (f *fixture) target() string {
@@ -211,7 +211,7 @@ func (f *fixture) startController() {
 	if f.builtin {
 		f.stopFn = holdBuiltin(f.t, f.env)
 	} else {
-		f.stopFn = startShim(f.t, newShimClient(f.env), f.cfg)
+		f.stopFn = startShim(f.t, f.shimClient, f.cfg)
 	}
 	f.running = true
 }

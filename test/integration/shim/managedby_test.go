@@ -32,7 +32,7 @@ func TestOnlyManagedJobsAreTouched(t *testing.T) {
 	ns := env.Namespace(t)
 	ctx := context.Background()
 	// Config.ManagedBy left empty: the default, conditions.ManagedBy.
-	startShim(t, newShimClient(env), shim.Config{Jobs: controller.Config{BatchPeriod: batchPeriod, Backoff: fastBackoff, Workers: 2}})
+	startShim(t, newShimClients(t, env, 0).Kube, shim.Config{Jobs: controller.Config{BatchPeriod: batchPeriod, Backoff: fastBackoff, Workers: 2}})
 
 	create := func(w *wrappers.JobWrapper) *batchv1.Job {
 		j, err := client.BatchV1().Jobs(ns).Create(ctx, w.Obj(), metav1.CreateOptions{})

@@ -23,7 +23,7 @@ func TestPodwireMatchesClientGo(t *testing.T) {
 	t.Parallel()
 	env := harness.Shared(t)
 	ns := env.Namespace(t)
-	theirs, ours := newClient(env, "coroner-podwire-test"), newShimClient(env)
+	theirs, ours := newClient(env, "coroner-podwire-test"), newShimClients(t, env, 0).Kube
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
