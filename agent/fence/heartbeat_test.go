@@ -358,7 +358,9 @@ func TestNodeLeaseRecordBacksOff(t *testing.T) {
 	if written() {
 		t.Fatal("the agent's Lease written while every write was refused")
 	}
-	for range 140 { // up to 70 s: the next attempt comes within MaxRecordRetry x 1.5
+	// The next attempt comes within MaxRecordRetry x 1.5 (90 s) once the back-off reached
+	// its cap, which a minute of refusals can do when the jitter draws short waits.
+	for range int((MaxRecordRetry*3/2 + 5*time.Second) / (500 * time.Millisecond)) {
 		if written() {
 			break
 		}
