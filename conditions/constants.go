@@ -178,6 +178,14 @@ const (
 	// built-in Job controller sets no such label; the shim does not copy it from a pod
 	// template.
 	CountedLabel = Prefix + "counted"
+	// ManagedPodLabel ("true") is on every pod the shim creates for a Job it manages, and
+	// is added by the shim to the pods of managed Jobs that lack it (pods made by a shim
+	// before the label, adopted orphans, a pod whose label was removed and that still
+	// matches its Job's selector). The shim's pod informer selects on it, so the shim
+	// watches its own Jobs' pods and not every Job's: in a cluster whose other Jobs run
+	// 100,000 pods, those cost the shim nothing. The shim does not copy it from a pod
+	// template; a template may not set it to anything else.
+	ManagedPodLabel = Prefix + "managed"
 
 	// ManagedBy is the shim's spec.managedBy value and the default of its
 	// --managed-by flag (S1).

@@ -215,8 +215,10 @@ func newPod(job *batchv1.Job, index int, failureCount, ignoredCount int32) *core
 	// coroner's pod informer selects on the first, so every pod carries both.
 	pod.Labels[batchv1.ControllerUidLabel] = string(job.UID)
 	pod.Labels[batchv1.JobNameLabel] = job.Name
-	// A pod with it would never be in the shim's cache (conditions.CountedLabel).
+	// A pod with it would never be in the shim's cache (conditions.CountedLabel); without
+	// ManagedPodLabel neither (the cache selects on it).
 	delete(pod.Labels, conditions.CountedLabel)
+	pod.Labels[conditions.ManagedPodLabel] = "true"
 	if index == noIndex {
 		pod.GenerateName = truncate(job.Name+"-", maxGeneratedNameLength)
 		return pod

@@ -116,6 +116,10 @@ func TestNewJobCreatesPods(t *testing.T) {
 				if !slices.Contains(p.Finalizers, batchv1.JobTrackingFinalizer) {
 					t.Errorf("pod without the tracking finalizer")
 				}
+				// The shim's pod cache selects on it (informers.JobPodSelector).
+				if p.Labels[conditions.ManagedPodLabel] != "true" {
+					t.Errorf("labels %v: no %s=true", p.Labels, conditions.ManagedPodLabel)
+				}
 				if ref := metav1.GetControllerOf(p); ref == nil || ref.UID != "job-uid" || ref.Kind != "Job" {
 					t.Errorf("controller reference = %+v", ref)
 				}

@@ -315,6 +315,14 @@ func TestAdmissionPolicyKeepsTheShimToItsJobs(t *testing.T) {
 		}
 	})
 	// From here on jobPod has no finalizer.
+	managedLabel := fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, conditions.ManagedPodLabel)
+	t.Run("label a pod of a Job managed", func(t *testing.T) {
+		p, err := pods.Patch(ctx, jobPod.Name, types.StrategicMergePatchType, []byte(managedLabel), metav1.PatchOptions{})
+		wantAllowed(t, err)
+		if err == nil && p.Labels[conditions.ManagedPodLabel] != "true" {
+			t.Errorf("labels %v after the patch", p.Labels)
+		}
+	})
 	patchDenied := "coroner-shim may patch a pod only to remove the finalizer batch.kubernetes.io/job-tracking (labelling a finished pod coroner.dev/counted=true), to adopt an orphan"
 	// The shim's patch of a counted pod (shim/controller countedPatch) and its variations.
 	counted := func(labels string) string {
@@ -334,6 +342,9 @@ func TestAdmissionPolicyKeepsTheShimToItsJobs(t *testing.T) {
 		{"giving it to another Job", `{"metadata":{"ownerReferences":[{"$patch":"replace"},` + otherRef + `]}}`},
 		{"changing its spec", `{"spec":{"activeDeadlineSeconds":5}}`},
 		{"labelling it counted while it has not finished", counted(countedLabel)},
+		{"labelling it managed with another value", fmt.Sprintf(`{"metadata":{"labels":{%q:"yes"}}}`, conditions.ManagedPodLabel)},
+		{"labelling it managed and adding a label", fmt.Sprintf(`{"metadata":{"labels":{%q:"true","app":"x"}}}`, conditions.ManagedPodLabel)},
+		{"labelling it managed and adding a finalizer", fmt.Sprintf(`{"metadata":{"labels":{%q:"true"},"finalizers":["example.com/hold"]}}`, conditions.ManagedPodLabel)},
 	} {
 		t.Run("patch a pod of a Job "+tc.name, func(t *testing.T) {
 			_, err := pods.Patch(ctx, jobPod.Name, types.StrategicMergePatchType, []byte(tc.patch), dry)
@@ -394,6 +405,8 @@ func TestAdmissionPolicyKeepsTheShimToItsJobs(t *testing.T) {
 		{"adopt a pod another controller controls, in its place", rsPod.Name, []byte(fmt.Sprintf(`{"metadata":{"ownerReferences":[{"$patch":"replace"},%s],"finalizers":[%q]}}`, controllerRef(managed), conditions.JobTrackingFinalizer))},
 		{"adopt an orphan and label it", orphan.Name, adopt(managed, `,"labels":{"app":"x"}`)},
 		{"adopt an orphan without the tracking finalizer", orphan.Name, []byte(fmt.Sprintf(`{"metadata":{"ownerReferences":[%s]}}`, controllerRef(managed)))},
+		{"label a pod without a controller managed", stranger.Name, []byte(managedLabel)},
+		{"label a pod another controller controls managed", rsPod.Name, []byte(managedLabel)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := pods.Patch(ctx, tc.pod, types.StrategicMergePatchType, tc.patch, dry)
