@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/controller"
@@ -99,10 +101,41 @@ func (c *Controllers) Run(ctx context.Context) error {
 	var jobsErr, recoveryErr error
 	wg.Go(func() { jobsErr = c.jobs.Run(ctx) })
 	wg.Go(func() { recoveryErr = c.recoverer.Run(ctx) })
-	// The handlers are registered (NewControllers): no event is missed.
-	c.informers.Start(ctx.Done())
+	// The pods a shim made before coroner.dev/managed must carry it before the pod cache
+	// fills, or the Job controller would take them for missing and replace them.
+	if err := c.labelOwnPods(ctx); err == nil {
+		// The handlers are registered (NewControllers): no event is missed.
+		c.informers.Start(ctx.Done())
+	}
 	wg.Wait()
 	return errors.Join(jobsErr, recoveryErr)
+}
+
+// labelOwnPods runs controller.LabelOwnPods until it succeeds, retrying after an error
+// (the API server down, say) with a back-off of 1 s doubling up to 30 s; it returns an
+// error only when ctx is done first.
+func (c *Controllers) labelOwnPods(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	delay := time.Second
+	for {
+		n, err := c.jobs.LabelOwnPods(ctx)
+		if n > 0 {
+			logger.Info("Labelled the pods of managed Jobs that lacked the label", "label", conditions.ManagedPodLabel, "pods", n)
+		}
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		logger.Error(err, "Labelling the pods of managed Jobs before the caches start; retrying", "after", delay)
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+	}
 }
 
 // eventCorrelation is how the shim's Events are thinned, chosen for people now that

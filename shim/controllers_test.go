@@ -6,11 +6,13 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/informers"
 )
 
@@ -23,7 +25,14 @@ func TestControllersRun(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+	// A managed Job and its pod from a shim older than the label coroner.dev/managed.
+	managedBy := conditions.ManagedBy
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "j", Namespace: "ns", UID: "job-uid"},
+		Spec: batchv1.JobSpec{ManagedBy: &managedBy}}
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "old", Namespace: "ns", UID: "old-uid",
+		Labels:          map[string]string{batchv1.ControllerUidLabel: "job-uid"},
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(job, batchv1.SchemeGroupVersion.WithKind("Job"))}}}
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, job, old)
 	c := NewControllers(ctx, client, Config{Informers: informers.Config{AgentNamespace: "agents"}})
 	if c.HasSynced() {
 		t.Fatal("HasSynced before Run")
@@ -43,9 +52,9 @@ func TestControllersRun(t *testing.T) {
 			watches[a.GetResource().Resource+" in "+a.GetNamespace()]++
 		}
 	}
-	// Jobs, the Jobs' pods and the other pods (both "pods in "), Nodes, Leases: one
-	// watch each, shared by the Job controller and the recoverer.
-	want := map[string]int{"jobs in ": 1, "pods in ": 2, "nodes in ": 1, "leases in agents": 1}
+	// Jobs, the managed Jobs' pods, Nodes, Leases: one watch each, shared by the Job
+	// controller and the recoverer (no node is tainted unreachable: no node's pods).
+	want := map[string]int{"jobs in ": 1, "pods in ": 1, "nodes in ": 1, "leases in agents": 1}
 	for k, n := range want {
 		if watches[k] != n {
 			t.Errorf("%d watches of %s, want %d (all: %v)", watches[k], k, n, watches)
@@ -53,6 +62,10 @@ func TestControllersRun(t *testing.T) {
 	}
 	if len(watches) != len(want) {
 		t.Errorf("watches %v, want %v", watches, want)
+	}
+	// The old pod was labelled before the caches started, so it is in the pod cache.
+	if _, ok, _ := c.informers.Pods.GetStore().GetByKey("ns/old"); !ok {
+		t.Errorf("the managed Job's unlabelled pod is not in the pod cache")
 	}
 	cancel()
 	select {

@@ -34,16 +34,18 @@ import (
 // adopt pods meant for its successor, and a Job being deleted must not take new pods.
 //
 // Where the candidates come from. The shim's pod informer holds the pods that carry the
-// label batch.kubernetes.io/controller-uid; a Job's own pods are indexed by the UID of their
-// controller, orphans by the value of that label. Every Job selector the API server
+// label coroner.dev/managed (conditions.ManagedPodLabel), which every pod the shim creates
+// has; a Job's own pods are indexed by the UID of their controller, orphans by the value of
+// their batch.kubernetes.io/controller-uid label. Every Job selector the API server
 // generates is exactly that label, so an orphan matching a Job is in the orphan index under
-// the Job's UID. A Job with a manual selector (manualSelector: true) adopts only orphans
-// that also carry its controller-uid label; that is a choice: such a selector can match
-// pods of any shape, and the shim does not cache every pod of the cluster in whole to find
-// them. A pod whose labels were changed so that it lost controller-uid leaves that informer;
-// the informer of the other pods (informers.StripForRecovery) keeps, for a pod whose
-// controller is a batch/v1 Job, its labels, owner references and finalizers, so the Job
-// still finds it there and releases it.
+// the Job's UID. So the orphans a Job adopts are pods the shim made (a Job deleted with
+// propagationPolicy Orphan, a controller reference removed by hand); a pod made by
+// someone else is adopted once it carries coroner.dev/managed too, and a Job with a manual
+// selector (manualSelector: true) adopts only orphans that also carry its controller-uid
+// label. That is a choice: such pods can be of any shape, and the shim does not watch every
+// pod of the cluster to find them. A pod whose labels were changed so that it lost
+// coroner.dev/managed (all its labels removed, say) leaves the informer: strays.go looks at
+// it again, and releases it when it no longer matches its Job's selector.
 //
 // The decision (planClaims) is a pure function of the Job and the candidate pods; claimPods
 // carries it out.
@@ -111,16 +113,6 @@ func (c *Controller) claimPods(ctx context.Context, job *batchv1.Job) ([]*corev1
 	orphans, err := c.podsByIndex(job.Namespace, informers.OrphanUIDIndex, string(job.UID))
 	if err != nil {
 		return nil, err
-	}
-	// Pods of the Job that lost their controller-uid label (see above).
-	objs, err := c.otherPodIndexer.ByIndex(informers.ControllerUIDIndex, string(job.UID))
-	if err != nil {
-		return nil, err
-	}
-	for _, o := range objs {
-		if pod, ok := o.(*corev1.Pod); ok && pod.Namespace == job.Namespace {
-			owned = append(owned, pod)
-		}
 	}
 	plan := planClaims(job, jobSelector(job), owned, orphans)
 	if len(plan.Release) == 0 && len(plan.Adopt) == 0 {

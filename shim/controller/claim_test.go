@@ -17,7 +17,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/coroner-dev/coroner/conditions"
-	"github.com/coroner-dev/coroner/shim/informers"
 )
 
 // orphanOf is a pod with no controller reference that the Job's generated selector
@@ -28,9 +27,11 @@ func orphanOf(name string, job *batchv1.Job) *corev1.Pod {
 	return p
 }
 
+// relabelled is p without the Job's label, which its selector matches: still in the
+// shim's cache (it keeps coroner.dev/managed), no longer the Job's.
 func relabelled(p *corev1.Pod) *corev1.Pod {
 	p = p.DeepCopy()
-	p.Labels = nil
+	delete(p.Labels, batchv1.ControllerUidLabel)
 	return p
 }
 
@@ -143,15 +144,7 @@ func TestClaimPods(t *testing.T) {
 	orphan.Finalizers = nil
 
 	f := newFixture(t, job, own, moved, orphan)
-	f.inCache(t, job, own, orphan)
-	// The relabelled pod left the Jobs' pod informer: it is in the other pods' one.
-	stub, err := informers.StripForRecovery(moved)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.c.inf.OtherPods.GetIndexer().Add(stub); err != nil {
-		t.Fatal(err)
-	}
+	f.inCache(t, job, own, moved, orphan)
 
 	pods, err := f.c.claimPods(context.Background(), job)
 	if err != nil {
@@ -244,30 +237,6 @@ func TestOrphanEnqueuesAdopters(t *testing.T) {
 	f := newFixture(t)
 	f.inCache(t, job, unmanaged)
 	f.c.addPod(orphanOf("orphan", job))
-	want := []queued{{Key: testNS + "/j", After: batchPeriod}}
-	if got := f.queue.Calls(); !slices.Equal(got, want) {
-		t.Errorf("queued %v, want %v", got, want)
-	}
-}
-
-// A pod in the other pods' informer that a managed Job controls (it lost its controller-uid
-// label) enqueues that Job, which releases it; any other pod there enqueues nothing.
-func TestOtherPodEnqueuesItsJob(t *testing.T) {
-	job := newJob("j")
-	unmanaged := newJob("u", "")
-	f := newFixture(t)
-	f.inCache(t, job, unmanaged)
-	for _, p := range []*corev1.Pod{
-		relabelled(newPod("moved", job, corev1.PodRunning)),
-		relabelled(newPod("of-unmanaged", unmanaged, corev1.PodRunning)),
-		relabelled(newPod("bare", nil, corev1.PodRunning)),
-	} {
-		stub, err := informers.StripForRecovery(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.c.otherPodChanged(stub)
-	}
 	want := []queued{{Key: testNS + "/j", After: batchPeriod}}
 	if got := f.queue.Calls(); !slices.Equal(got, want) {
 		t.Errorf("queued %v, want %v", got, want)

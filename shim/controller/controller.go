@@ -98,16 +98,17 @@ type Controller struct {
 	recorder record.EventRecorder
 
 	// inf are the shared informers; the fields below are some of theirs, at hand.
-	inf             *informers.Informers
-	jobLister       batchlisters.JobLister
-	podLister       corelisters.PodLister
-	podIndexer      cache.Indexer
-	otherPodIndexer cache.Indexer
+	inf        *informers.Informers
+	jobLister  batchlisters.JobLister
+	podLister  corelisters.PodLister
+	podIndexer cache.Indexer
 
 	// queue holds Job keys (namespace/name) to sync; orphanQueue holds pod keys whose
-	// tracking finalizer may have to go because their Job is gone.
+	// tracking finalizer may have to go because their Job is gone; strayQueue the pods that
+	// left the pod cache without being deleted (strays.go).
 	queue       queue.Queue
 	orphanQueue queue.Queue
+	strayQueue  queue.Queue
 
 	expectations *expectations
 
@@ -186,9 +187,9 @@ func New(ctx context.Context, client kubernetes.Interface, inf *informers.Inform
 		jobLister:             inf.JobLister,
 		podLister:             inf.PodLister,
 		podIndexer:            inf.Pods.GetIndexer(),
-		otherPodIndexer:       inf.OtherPods.GetIndexer(),
 		queue:                 queue.New("coroner_job", cfg.Clock),
 		orphanQueue:           queue.New("coroner_orphan_pod", cfg.Clock),
+		strayQueue:            queue.New("coroner_stray_pod", cfg.Clock),
 		expectations:          newExpectations(cfg.Clock),
 		records:               map[types.UID]backoff.Record{},
 		written:               map[string]string{},
@@ -206,7 +207,7 @@ func New(ctx context.Context, client kubernetes.Interface, inf *informers.Inform
 
 // informers are the informers the controller reads, to wait for.
 func (c *Controller) informers() []cache.SharedIndexInformer {
-	return []cache.SharedIndexInformer{c.inf.Jobs, c.inf.Pods, c.inf.OtherPods}
+	return []cache.SharedIndexInformer{c.inf.Jobs, c.inf.Pods}
 }
 
 // HasSynced reports whether the informers the controller reads have synced.
@@ -230,7 +231,8 @@ func (c *Controller) Run(ctx context.Context) error {
 		return nil
 	},
 		queue.Worker{Queue: c.queue, Handle: c.sync, What: "Syncing the Job", Kind: "job"},
-		queue.Worker{Queue: c.orphanQueue, Handle: c.syncOrphanPod, What: "Removing the tracking finalizer of an orphan pod", Kind: "pod"})
+		queue.Worker{Queue: c.orphanQueue, Handle: c.syncOrphanPod, What: "Removing the tracking finalizer of an orphan pod", Kind: "pod"},
+		queue.Worker{Queue: c.strayQueue, Handle: c.syncStrayPod, What: "Looking at a pod that left the pod cache", Kind: "pod"})
 }
 
 // ours reports whether the controller manages job (S1).

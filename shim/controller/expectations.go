@@ -22,7 +22,9 @@ const ExpectationsTTL = 5 * time.Minute
 //     ExpectationsTTL: while any is pending, the pod lister may be behind and
 //     jobsync.Sync must neither create nor delete;
 //   - the pods whose tracking finalizer removal is in flight (UIDs, no expiry: each is
-//     cleared by the pod's update or delete event, or by the failed patch).
+//     cleared by the pod's update or delete event, or by the failed patch);
+//   - the pods that left the pod cache without being deleted (strays.go), by UID, expiring
+//     after ExpectationsTTL too: while one is being looked at, the Job must not replace it.
 //
 // Deletions are tracked by UID rather than counted (as the ReplicaSet controller does)
 // so that observing one deletion twice, as its deletionTimestamp and then as its
@@ -42,6 +44,8 @@ type jobExpectations struct {
 	deletions  sets.Set[types.UID]
 	at         time.Time // when creations and deletions were set
 	finalizers sets.Set[types.UID]
+	// strays maps the UIDs of the Job's pods that left the cache unexpectedly to when.
+	strays map[types.UID]time.Time
 }
 
 func newExpectations(c clock.PassiveClock) *expectations {
@@ -104,10 +108,40 @@ func (e *expectations) satisfied(key string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	je := e.byKey[key]
-	if je == nil || (je.creations <= 0 && je.deletions.Len() == 0) {
+	if je == nil {
+		return true
+	}
+	for _, at := range je.strays {
+		if e.clock.Since(at) <= e.ttl {
+			return false
+		}
+	}
+	if je.creations <= 0 && je.deletions.Len() == 0 {
 		return true
 	}
 	return e.clock.Since(je.at) > e.ttl
+}
+
+// strayed records that the pod uid of key left the pod cache without being deleted and
+// is being looked at (strays.go): until strayResolved, or the TTL, key is not satisfied.
+func (e *expectations) strayed(key string, uid types.UID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	je := e.get(key)
+	if je.strays == nil {
+		je.strays = map[types.UID]time.Time{}
+	}
+	je.strays[uid] = e.clock.Now()
+}
+
+// strayResolved forgets the stray pod uid of key (idempotent): it is back in the cache,
+// released, or gone.
+func (e *expectations) strayResolved(key string, uid types.UID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if je := e.byKey[key]; je != nil {
+		delete(je.strays, uid)
+	}
 }
 
 // expectFinalizersRemoved records that the tracking finalizer removal of uids is about to
@@ -142,6 +176,15 @@ func (e *expectations) finalizerRemovalObserved(key string, uid types.UID) (last
 
 // finalizersBeingRemoved returns a copy of the UIDs whose finalizer removal is in flight
 // for key (never nil).
+// removingFinalizer reports whether the tracking finalizer removal of uid is in flight for
+// key.
+func (e *expectations) removingFinalizer(key string, uid types.UID) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	je := e.byKey[key]
+	return je != nil && je.finalizers.Has(uid)
+}
+
 func (e *expectations) finalizersBeingRemoved(key string) sets.Set[types.UID] {
 	e.mu.Lock()
 	defer e.mu.Unlock()

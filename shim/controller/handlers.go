@@ -44,25 +44,6 @@ func (c *Controller) addHandlers() {
 	}); err != nil {
 		panic(fmt.Sprintf("adding the Pod event handler: %v", err))
 	}
-	if _, err := c.inf.OtherPods.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.otherPodChanged,
-		UpdateFunc: func(_, cur any) { c.otherPodChanged(cur) },
-	}); err != nil {
-		panic(fmt.Sprintf("adding the other pods' event handler: %v", err))
-	}
-}
-
-// otherPodChanged handles a pod of the other pods' informer (a stub, see
-// informers.StripForRecovery): one that is controlled by a Job although it lacks the
-// controller-uid label enqueues its Job, which releases it (claim.go).
-func (c *Controller) otherPodChanged(obj any) {
-	pod, ok := obj.(*corev1.Pod)
-	if !ok || informers.JobControllerRef(pod) == nil {
-		return
-	}
-	if job, _ := c.jobOf(pod); job != nil {
-		c.enqueueBatched(keyOf(job))
-	}
 }
 
 func (c *Controller) addJob(obj any) {
@@ -178,6 +159,7 @@ func (c *Controller) addPod(obj any) {
 	}
 	key := keyOf(job)
 	c.expectations.creationObserved(key)
+	c.expectations.strayResolved(key, pod.UID) // a stray labelled again (strays.go)
 	c.enqueueBatched(key)
 }
 
@@ -251,6 +233,7 @@ func (c *Controller) deletePod(obj any) {
 		}
 	}
 	c.trackFinishedWithFinalizer(pod, true)
+	c.noteStray(pod)
 	c.podDeleted(pod, true)
 }
 

@@ -74,6 +74,7 @@ type fixture struct {
 	client   *fake.Clientset
 	queue    *fakeQueue
 	orphans  *fakeQueue
+	strays   *fakeQueue
 	recorder *record.FakeRecorder
 	clock    *clocktesting.FakeClock
 	registry *prometheus.Registry
@@ -86,6 +87,7 @@ func newFixture(t *testing.T, objs ...runtime.Object) *fixture {
 		client:   fake.NewClientset(objs...),
 		queue:    &fakeQueue{},
 		orphans:  &fakeQueue{},
+		strays:   &fakeQueue{},
 		recorder: record.NewFakeRecorder(1000),
 		clock:    clocktesting.NewFakeClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)),
 		registry: prometheus.NewRegistry(),
@@ -98,6 +100,7 @@ func newFixture(t *testing.T, objs ...runtime.Object) *fixture {
 	})
 	f.c.queue = f.queue
 	f.c.orphanQueue = f.orphans
+	f.c.strayQueue = f.strays
 	return f
 }
 
@@ -163,13 +166,14 @@ func newJob(name string, managedBy ...string) *batchv1.Job {
 	return j
 }
 
-// newPod is a pod of job (nil: no controller) with the tracking finalizer, in phase.
+// newPod is a pod of job (nil: no controller) with the tracking finalizer, in phase,
+// labelled as the shim labels its pods.
 func newPod(name string, job *batchv1.Job, phase corev1.PodPhase) *corev1.Pod {
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name, Namespace: testNS, UID: types.UID(name + "-uid"), ResourceVersion: "1",
 			Finalizers: []string{batchv1.JobTrackingFinalizer},
-			Labels:     map[string]string{},
+			Labels:     map[string]string{conditions.ManagedPodLabel: "true"},
 		},
 		Status: corev1.PodStatus{Phase: phase},
 	}

@@ -9,16 +9,22 @@
 // The informers:
 //
 //   - Jobs: every Job (spec.managedBy cannot be selected on).
-//   - Pods: the pods that carry the batch.kubernetes.io/controller-uid label, which every
-//     Job's pod has, less those the shim counted and labelled coroner.dev/counted (a
-//     finished pod leaves the cache with its tracking finalizer: JobPodSelector), stripped by StripJobPod to what the Job sync reads, indexed by the UID of their
-//     controlling Job (ControllerUIDIndex), by the label's value when they have no
-//     controller (OrphanUIDIndex) and by node (NodeNameIndex).
-//   - OtherPods: every other pod ("!batch.kubernetes.io/controller-uid"), stripped by
-//     StripForRecovery, in Config.OtherPodsNamespace ("" for all), indexed by node and by
-//     the UID of a controlling Job.
+//   - Pods: the managed Jobs' pods, which carry the label coroner.dev/managed
+//     (conditions.ManagedPodLabel), less those the shim counted and labelled
+//     coroner.dev/counted (a finished pod leaves the cache with its tracking finalizer:
+//     JobPodSelector), stripped by StripJobPod to what the Job sync reads, indexed by the
+//     UID of their controlling Job (ControllerUIDIndex), by the value of their
+//     batch.kubernetes.io/controller-uid label when they have no controller
+//     (OrphanUIDIndex) and by node (NodeNameIndex). The pods of other Jobs (the built-in
+//     controller's, Kueue's, a second shim's) are not watched at all.
 //   - Nodes: every Node.
 //   - Leases: the Leases of Config.AgentNamespace, where coroner-agent's fencing Leases are.
+//
+// And, built on demand by NodePods, an informer of one node's pods (every pod bound to it,
+// stripped by StripForRecovery, in Config.OtherPodsNamespace): node-failure recovery runs
+// one for each node tainted unreachable, where the opted-in pods of other controllers may
+// need it (shim/recoverer). A pod's opt-in is an annotation, which a watch cannot select on,
+// so the alternative would be watching every pod of the cluster all the time.
 //
 // The Job and pod caches do not keep managedFields, which nothing here reads
 // (kube-controller-manager drops them too): they are about a third of a pod's memory. A
@@ -35,6 +41,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	kinformers "k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	batchlisters "k8s.io/client-go/listers/batch/v1"
@@ -48,20 +57,24 @@ import (
 // DefaultAgentNamespace is the default of Config.AgentNamespace.
 const DefaultAgentNamespace = "coroner-system"
 
-// JobPodSelector selects the pods of Pods: the Jobs' pods but those the shim has counted
-// and labelled to leave the cache (conditions.CountedLabel, jobsync.LeavesCache).
-const JobPodSelector = batchv1.ControllerUidLabel + ",!" + conditions.CountedLabel
+// JobPodSelector selects the pods of Pods: the managed Jobs' pods (conditions.ManagedPodLabel)
+// but those the shim has counted and labelled to leave the cache (conditions.CountedLabel,
+// jobsync.LeavesCache). A pod that loses the managed label (someone removed it, or all of
+// the pod's labels) leaves the cache too, with a delete event whose object is its last
+// state before the change: the Job controller tells that from a deletion (the pod still has
+// the tracking finalizer and no deletionTimestamp) and looks at the pod again.
+const JobPodSelector = conditions.ManagedPodLabel + ",!" + conditions.CountedLabel
 
 // Names of the pod indexes.
 const (
-	// ControllerUIDIndex indexes pods (of Pods and OtherPods) by the UID of their
+	// ControllerUIDIndex indexes pods (of Pods) by the UID of their
 	// controller when it is a batch/v1 Job.
 	ControllerUIDIndex = "coroner.dev/controller-uid"
 	// OrphanUIDIndex indexes the pods of Pods that have no controller reference by the
 	// value of their batch.kubernetes.io/controller-uid label: the orphans a Job's
 	// generated selector matches.
 	OrphanUIDIndex = "coroner.dev/orphan-controller-uid"
-	// NodeNameIndex indexes pods (of Pods and OtherPods) by spec.nodeName.
+	// NodeNameIndex indexes pods (of Pods) by spec.nodeName.
 	NodeNameIndex = "coroner.dev/node-name"
 )
 
@@ -70,7 +83,7 @@ type Config struct {
 	// AgentNamespace is where coroner-agent's fencing Leases are; default
 	// DefaultAgentNamespace.
 	AgentNamespace string
-	// OtherPodsNamespace limits the informer of the pods that are not Jobs' pods to one
+	// OtherPodsNamespace limits the informers of a node's pods (NodePods) to one
 	// namespace, and with it node-failure recovery of pods that are not of managed Jobs
 	// (shim/recoverer); "" (the shim's) is every namespace. Tests that run controllers side
 	// by side on one API server set it.
@@ -86,17 +99,15 @@ type Informers struct {
 	Jobs      cache.SharedIndexInformer
 	JobLister batchlisters.JobLister
 	// Pods are the Jobs' pods, stripped (StripJobPod).
-	Pods      cache.SharedIndexInformer
-	PodLister corelisters.PodLister
-	// OtherPods are the pods that are not Jobs' pods, stripped (StripForRecovery).
-	OtherPods      cache.SharedIndexInformer
-	OtherPodLister corelisters.PodLister
-	Nodes          cache.SharedIndexInformer
-	NodeLister     corelisters.NodeLister
+	Pods       cache.SharedIndexInformer
+	PodLister  corelisters.PodLister
+	Nodes      cache.SharedIndexInformer
+	NodeLister corelisters.NodeLister
 	// Leases are the Leases of AgentNamespace.
 	Leases      cache.SharedIndexInformer
 	LeaseLister coordinationlisters.LeaseLister
 
+	client    kubernetes.Interface
 	factories []kinformers.SharedInformerFactory
 }
 
@@ -111,16 +122,11 @@ func New(client kubernetes.Interface, cfg Config) *Informers {
 	podFactory := kinformers.NewSharedInformerFactoryWithOptions(client, 0,
 		kinformers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = JobPodSelector }),
 		kinformers.WithTransform(StripJobPod))
-	otherPodFactory := kinformers.NewSharedInformerFactoryWithOptions(client, 0,
-		kinformers.WithNamespace(cfg.OtherPodsNamespace),
-		kinformers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + batchv1.ControllerUidLabel }),
-		kinformers.WithTransform(StripForRecovery))
 	nodeFactory := kinformers.NewSharedInformerFactory(client, 0)
 	leaseFactory := kinformers.NewSharedInformerFactoryWithOptions(client, 0, kinformers.WithNamespace(cfg.AgentNamespace))
 
 	jobs := jobFactory.Batch().V1().Jobs()
 	pods := podFactory.Core().V1().Pods()
-	others := otherPodFactory.Core().V1().Pods()
 	nodes := nodeFactory.Core().V1().Nodes()
 	leases := leaseFactory.Coordination().V1().Leases()
 	i := &Informers{
@@ -128,10 +134,10 @@ func New(client kubernetes.Interface, cfg Config) *Informers {
 		OtherPodsNamespace: cfg.OtherPodsNamespace,
 		Jobs:               jobs.Informer(), JobLister: jobs.Lister(),
 		Pods: pods.Informer(), PodLister: pods.Lister(),
-		OtherPods: others.Informer(), OtherPodLister: others.Lister(),
 		Nodes: nodes.Informer(), NodeLister: nodes.Lister(),
 		Leases: leases.Informer(), LeaseLister: leases.Lister(),
-		factories: []kinformers.SharedInformerFactory{jobFactory, podFactory, otherPodFactory, nodeFactory, leaseFactory},
+		client:    client,
+		factories: []kinformers.SharedInformerFactory{jobFactory, podFactory, nodeFactory, leaseFactory},
 	}
 	// AddIndexers only fails once an informer has started, which these have not.
 	if err := i.Pods.AddIndexers(cache.Indexers{
@@ -141,13 +147,30 @@ func New(client kubernetes.Interface, cfg Config) *Informers {
 	}); err != nil {
 		panic(fmt.Sprintf("adding the pod indexes: %v", err))
 	}
-	if err := i.OtherPods.AddIndexers(cache.Indexers{
-		NodeNameIndex:      indexByNodeName,
-		ControllerUIDIndex: indexByControllerUID,
-	}); err != nil {
-		panic(fmt.Sprintf("adding the other pods' indexes: %v", err))
-	}
 	return i
+}
+
+// NodePods returns a new informer of the pods bound to node (a field selector on
+// spec.nodeName, which the API server serves from its watch cache by index, as it does a
+// kubelet's), in OtherPodsNamespace, stripped by StripForRecovery. The caller registers its
+// handlers, runs it (Run) and stops it; it is not started by Start.
+func (i *Informers) NodePods(node string) cache.SharedIndexInformer {
+	sel := fields.OneTermEqualSelector("spec.nodeName", node).String()
+	pods := i.client.CoreV1().Pods(i.OtherPodsNamespace)
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return pods.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return pods.Watch(ctx, o)
+		},
+	}, i.client), &corev1.Pod{}, 0, cache.Indexers{})
+	if err := inf.SetTransform(StripForRecovery); err != nil {
+		panic(fmt.Sprintf("setting the transform of node %s's pod informer: %v", node, err))
+	}
+	return inf
 }
 
 // Start starts every informer; they stop when stop is closed. Register the event handlers

@@ -3,6 +3,7 @@ package informers
 import (
 	"slices"
 	"testing"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -10,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
@@ -113,39 +115,94 @@ func TestIndexes(t *testing.T) {
 	}
 }
 
-// TestCountedPodsNotCached: a Job's pod labelled coroner.dev/counted is in neither pod
-// cache; the Job's other pods are in Pods, a bare pod in OtherPods.
-func TestCountedPodsNotCached(t *testing.T) {
+// TestPodsSelectsManagedPods: Pods holds the pods labelled coroner.dev/managed but the
+// counted ones; another controller's Job's pod and a bare pod are not watched at all.
+func TestPodsSelectsManagedPods(t *testing.T) {
 	job := testJob("j", "coroner.dev/shim")
+	builtIn := testJob("b", "")
 	live := podOf("live", job, "n1")
-	counted := podOf("counted", job, "n1")
+	live.Labels[conditions.ManagedPodLabel] = "true"
+	counted := live.DeepCopy()
+	counted.Name, counted.UID = "counted", "uid-counted"
 	counted.Labels[conditions.CountedLabel] = "true"
 	counted.Finalizers = nil
 	counted.Status.Phase = corev1.PodSucceeded
+	theirs := podOf("theirs", builtIn, "n1")
 	bare := podOf("bare", nil, "n1")
-	inf := New(fake.NewClientset(job, live, counted, bare), Config{})
+	inf := New(fake.NewClientset(job, builtIn, live, counted, theirs, bare), Config{})
 	stop := make(chan struct{})
 	defer func() { close(stop); inf.Shutdown() }()
 	inf.Start(stop)
-	if !cache.WaitForCacheSync(stop, inf.Pods.HasSynced, inf.OtherPods.HasSynced) {
+	if !cache.WaitForCacheSync(stop, inf.Pods.HasSynced) {
 		t.Fatal("caches did not sync")
 	}
-	keys := func(i cache.SharedIndexInformer) []string {
-		k := i.GetStore().ListKeys()
-		slices.Sort(k)
-		return k
-	}
-	if got := keys(inf.Pods); !slices.Equal(got, []string{"ns/live"}) {
-		t.Errorf("Pods holds %q, want ns/live", got)
-	}
-	if got := keys(inf.OtherPods); !slices.Equal(got, []string{"ns/bare"}) {
-		t.Errorf("OtherPods holds %q, want ns/bare", got)
+	k := inf.Pods.GetStore().ListKeys()
+	slices.Sort(k)
+	if !slices.Equal(k, []string{"ns/live"}) {
+		t.Errorf("Pods holds %q, want ns/live", k)
 	}
 	sel, err := labels.Parse(JobPodSelector)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sel.Matches(labels.Set(counted.Labels)) || !sel.Matches(labels.Set(live.Labels)) || sel.Matches(labels.Set(bare.Labels)) {
-		t.Errorf("selector %q: counted %v, live %v, bare %v", sel, sel.Matches(labels.Set(counted.Labels)), sel.Matches(labels.Set(live.Labels)), sel.Matches(labels.Set(bare.Labels)))
+	for _, p := range []*corev1.Pod{live, counted, theirs, bare} {
+		if got, want := sel.Matches(labels.Set(p.Labels)), p == live; got != want {
+			t.Errorf("selector %q matches %s: %v, want %v", sel, p.Name, got, want)
+		}
+	}
+}
+
+// TestNodePods: the informer of a node's pods asks for that node's pods only (a field
+// selector: the fake clientset does not apply it, so the request is what is checked), in
+// OtherPodsNamespace, and keeps stubs (StripForRecovery).
+func TestNodePods(t *testing.T) {
+	p := podOf("p", nil, "n1")
+	p.Spec.Containers = []corev1.Container{{Name: "main", Image: "busybox"}}
+	client := fake.NewClientset(p)
+	inf := New(client, Config{OtherPodsNamespace: "ns"})
+	node := inf.NodePods("n1")
+	stop := make(chan struct{})
+	defer close(stop)
+	go node.Run(stop)
+	if !cache.WaitForCacheSync(stop, node.HasSynced) {
+		t.Fatal("the node's pod informer did not sync")
+	}
+	// The watch follows the list, soon after the informer has synced.
+	var verbs []string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		verbs = verbs[:0]
+		for _, a := range client.Actions() {
+			verbs = append(verbs, a.GetVerb())
+		}
+		if slices.Contains(verbs, "watch") {
+			break
+		}
+	}
+	verbs = nil
+	for _, a := range client.Actions() {
+		if a.GetResource().Resource != "pods" {
+			continue
+		}
+		var fields string
+		switch a := a.(type) {
+		case k8stesting.ListAction:
+			fields = a.GetListRestrictions().Fields.String()
+		case k8stesting.WatchAction:
+			fields = a.GetWatchRestrictions().Fields.String()
+		}
+		verbs = append(verbs, a.GetVerb())
+		if fields != "spec.nodeName=n1" || a.GetNamespace() != "ns" {
+			t.Errorf("%s pods in %q with fields %q, want spec.nodeName=n1 in ns", a.GetVerb(), a.GetNamespace(), fields)
+		}
+	}
+	if !slices.Contains(verbs, "list") || !slices.Contains(verbs, "watch") {
+		t.Errorf("requests %v, want a list and a watch", verbs)
+	}
+	obj, ok, err := node.GetStore().GetByKey("ns/p")
+	if err != nil || !ok {
+		t.Fatalf("the pod is not in the node's informer: %v", err)
+	}
+	if got := obj.(*corev1.Pod); len(got.Spec.Containers) != 0 || got.Name != "p" {
+		t.Errorf("cached %+v, want the stub of StripForRecovery", got)
 	}
 }

@@ -10,20 +10,16 @@ import (
 // The transforms of the informers. An informer's transform owns the object it is given,
 // and must be idempotent.
 //
-// Why OtherPods is stripped. The annotation that opts a pod in to node-failure recovery
-// cannot be selected on, so recovering every opted-in pod means watching every pod. The
-// pods of every Job, managed or not, carry the batch.kubernetes.io/controller-uid label and
-// are in Pods already (StripJobPod keeps what the Job sync reads). The other pods go to
-// OtherPods, whose transform keeps only what is read of them: for a pod that is not opted
-// in, its name, namespace, UID and resourceVersion; for an opted-in pod also the opt-in
-// annotations, deletionTimestamp and grace period, nodeName, phase and conditions. So no
-// pod is cached twice, and the pods of Deployments, DaemonSets and the like cost a stub
-// each rather than the whole object: 1.4 KB against 9.6 KB for a typical Deployment pod,
-// 2.2 KB when opted in (TestStripForRecoveryMemory; the empty corev1.Pod struct is most of
-// the stub). OtherPods exists whatever whose pods recovery covers (recoverer.RecoverScope):
-// a pod of a Job whose labels were changed so that it lost controller-uid is there (with
-// its labels, owner references and finalizers), for its Job to release it (the Job
-// controller's claim.go).
+// Why a node's pods are stripped (NodePods). The annotation that opts a pod in to
+// node-failure recovery cannot be selected on, so recovering the opted-in pods of other
+// controllers means watching every pod of the nodes tainted unreachable. The transform
+// keeps only what is read of them: for a pod that is not opted in, its name, namespace,
+// UID and resourceVersion (and the managed label, which says the pod is the Job
+// controller's, in Pods already); for an opted-in pod also the opt-in annotations,
+// deletionTimestamp and grace period, nodeName, phase and conditions. So the pods of
+// Deployments, DaemonSets and the like cost a stub each rather than the whole object:
+// 1.4 KB against 9.6 KB for a typical Deployment pod, 2.2 KB when opted in
+// (TestStripForRecoveryMemory; the empty corev1.Pod struct is most of the stub).
 
 // Why Pods is stripped too. The Jobs' pods are what the shim caches most of: one per
 // pod of every Job, the finished ones included until their Job goes (the built-in Job
@@ -44,9 +40,9 @@ func stripManagedFields(obj any) (any, error) {
 	return obj, nil
 }
 
-// StripForRecovery is the transform of OtherPods: it keeps what recovery.Decide,
-// recovery.Relevant and the pod status writer read of an opted-in pod, what the Job sync
-// needs to release a pod of a Job that lost its controller-uid label, and only the
+// StripForRecovery is the transform of a node's pods (NodePods): it keeps what
+// recovery.Decide, recovery.Relevant and the pod status writer read of an opted-in pod,
+// the managed label (conditions.ManagedPodLabel) of a managed Job's pod, and only the
 // identity of any other pod (the informer still has to know the pod, to see it opted in
 // later or gone).
 func StripForRecovery(obj any) (any, error) {
@@ -57,13 +53,8 @@ func StripForRecovery(obj any) (any, error) {
 	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
 		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 	}}
-	if ref := JobControllerRef(p); ref != nil {
-		// A Job's pod that lost its controller-uid label: what the Job's sync needs to
-		// release it. Rare: the pods of Jobs carry that label.
-		out.OwnerReferences = []metav1.OwnerReference{*ref}
-		out.Labels = p.Labels
-		out.Finalizers = p.Finalizers
-		out.DeletionTimestamp = p.DeletionTimestamp
+	if v, ok := p.Labels[conditions.ManagedPodLabel]; ok {
+		out.Labels = map[string]string{conditions.ManagedPodLabel: v}
 	}
 	if !conditions.OptedInToForcefulDeletion(p.Annotations) {
 		return out, nil

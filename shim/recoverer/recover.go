@@ -122,15 +122,16 @@ func (r *Recoverer) event(pod *corev1.Pod, job *batchv1.Job, eventType, reason, 
 	}
 }
 
-// cachedPod returns the pod of a queue key from the Jobs' pod cache, else from the cache
-// of the other pods (other is true then: the pod is a stub, never taken for a managed
-// Job's); nil without error when the key is malformed or the pod is in neither.
+// cachedPod returns the pod of a queue key from the cache of the managed Jobs' pods, else
+// from the informer of its node's pods (other is true then: the pod is a stub, never taken
+// for a managed Job's); nil without error when the key is malformed or the pod is in
+// neither.
 func (r *Recoverer) cachedPod(key string) (pod *corev1.Pod, other bool, err error) {
 	if pod, err = informers.PodByKey(r.inf.PodLister, key); pod != nil || err != nil {
 		return pod, false, err
 	}
-	pod, err = informers.PodByKey(r.inf.OtherPodLister, key)
-	return pod, pod != nil, err
+	pod = r.nodePod(key)
+	return pod, pod != nil, nil
 }
 
 // managedJob returns the managed Job controlling pod from the Job cache; nil when there

@@ -16,9 +16,11 @@
 // recovered too, as Kueue's failure recovery does: a built-in Job's, a JobSet's (its pods
 // are its Jobs' pods), a bare pod, a StatefulSet's; only the opt-in cases (Z1, Z2, deleting
 // a terminal pod) apply to them, and only in informers.Informers.OtherPodsNamespace when
-// that is set. The pods of Jobs are in the informer of Jobs' pods, whole; the other pods in
-// the stripped informer of the other pods (see shim/informers). The handlers of the latter
-// enqueue only opted-in pods, and only with RecoverAll.
+// that is set. The managed Jobs' pods are in the Pods informer, whole. The other pods are
+// watched only where those cases can apply, on the nodes tainted unreachable: with
+// RecoverAll, one informer of stripped pods per such node (informers.Informers.NodePods),
+// which the recoverer starts and stops as the taint comes and goes (nodepods.go). Its
+// handlers enqueue only opted-in pods.
 package recoverer
 
 import (
@@ -96,6 +98,9 @@ type Recoverer struct {
 	// queue holds the keys (namespace/name) of pods to look at.
 	queue queue.Queue
 
+	// nodes are the informers of the pods of the nodes tainted unreachable (RecoverAll).
+	nodes nodeWatches
+
 	// mu guards nodesMissing and heartbeats, and nothing else.
 	mu sync.Mutex
 	// nodesMissing are the nodes the API server said do not exist, with when it first
@@ -137,29 +142,36 @@ func New(ctx context.Context, client kubernetes.Interface, inf *informers.Inform
 		queue:        queue.New("coroner_recovery_pod", cfg.Clock),
 		nodesMissing: map[string]time.Time{},
 		heartbeats:   map[string]heartbeat{},
+		nodes:        nodeWatches{byNode: map[string]*nodeWatch{}, podNode: map[string]string{}},
 	}
 	r.addHandlers()
 	return r
 }
 
-// informers are the informers the recoverer reads, to wait for.
+// informers are the shared informers the recoverer reads, to wait for: not the informers
+// of the nodes' pods, which come and go with the taints (a node's opted-in pods are
+// enqueued as its informer lists them).
 func (r *Recoverer) informers() []cache.SharedIndexInformer {
-	return []cache.SharedIndexInformer{r.inf.Jobs, r.inf.Pods, r.inf.OtherPods, r.inf.Nodes, r.inf.Leases}
+	return []cache.SharedIndexInformer{r.inf.Jobs, r.inf.Pods, r.inf.Nodes, r.inf.Leases}
 }
 
 // HasSynced reports whether the informers the recoverer reads have synced.
 func (r *Recoverer) HasSynced() bool { return informers.Synced(r.informers()...) }
 
-// Run waits for the caches it reads to sync (the caller starts the informers), and runs
-// the workers until ctx is done. Then it shuts its queue down and waits for every worker
-// to finish the pod it is on: a recovery in flight carries on with a context that ctx's
+// Run starts the informers of the pods of the nodes tainted unreachable (RecoverAll), waits
+// for the shared caches it reads to sync (the caller starts those informers), and runs the
+// workers until ctx is done. Then it shuts its queue down and waits for every worker to
+// finish the pod it is on: a recovery in flight carries on with a context that ctx's
 // cancellation does not reach, so that its status write and forced deletion are not cut
-// in half. It returns an error if the caches did not sync before ctx was done.
+// in half. Last it stops the informers of the nodes' pods and waits for them. It returns
+// an error if the caches did not sync before ctx was done. Call it once.
 func (r *Recoverer) Run(ctx context.Context) error {
 	defer utilruntime.HandleCrash()
 	logger := klog.FromContext(ctx)
 	logger.Info("Starting node-failure recovery", "recoverPods", r.cfg.RecoverPods, "agentNamespace", r.inf.AgentNamespace, "workers", r.cfg.Workers)
 	defer logger.Info("Shut down node-failure recovery")
+	// Starts the informers of the nodes' pods now, stops them once the workers are done.
+	defer r.runNodeWatches(ctx)()
 	return queue.Serve(ctx, r.cfg.Workers, func() error {
 		if !informers.WaitForCacheSync(ctx, r.informers()...) {
 			return fmt.Errorf("the Job, Pod, Node and Lease caches of node-failure recovery did not sync: %w", context.Cause(ctx))
@@ -176,13 +188,8 @@ func (r *Recoverer) addHandlers() {
 	}); err != nil {
 		panic(fmt.Sprintf("adding the Pod event handler: %v", err))
 	}
-	if _, err := r.inf.OtherPods.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    r.otherPodChanged,
-		UpdateFunc: func(_, cur any) { r.otherPodChanged(cur) },
-	}); err != nil {
-		panic(fmt.Sprintf("adding the other pods' event handler: %v", err))
-	}
 	if _, err := r.inf.Nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    r.addNode,
 		UpdateFunc: r.updateNode,
 		DeleteFunc: r.deleteNode,
 	}); err != nil {
@@ -213,16 +220,26 @@ func (r *Recoverer) updatePod(old, cur any) {
 	}
 }
 
-func (r *Recoverer) otherPodChanged(obj any) {
-	if pod, ok := obj.(*corev1.Pod); ok {
-		r.enqueueOtherPod(pod)
+// addNode starts the informer of the node's pods when the node is tainted unreachable
+// (the initial list of nodes comes as Adds). Its pods are enqueued as that informer lists
+// them; the managed Jobs' pods were enqueued by their own Adds.
+func (r *Recoverer) addNode(obj any) {
+	if n, ok := obj.(*corev1.Node); ok {
+		r.watchNodePods(n.Name, n)
 	}
 }
 
+// updateNode starts or stops the informer of the node's pods as the node is tainted
+// unreachable or not (at every update: it costs a map lookup), and looks at the node's pods
+// again when its taints changed.
 func (r *Recoverer) updateNode(old, cur any) {
 	o, ok1 := old.(*corev1.Node)
 	n, ok2 := cur.(*corev1.Node)
-	if ok1 && ok2 && !equalTaints(o.Spec.Taints, n.Spec.Taints) {
+	if !ok1 || !ok2 {
+		return
+	}
+	r.watchNodePods(n.Name, n)
+	if !equalTaints(o.Spec.Taints, n.Spec.Taints) {
 		r.forgetHeartbeat(n.Name)
 		r.enqueueNodePods(n.Name)
 	}
@@ -234,6 +251,7 @@ func (r *Recoverer) deleteNode(obj any) {
 	}
 	if n, ok := obj.(*corev1.Node); ok {
 		r.forgetHeartbeat(n.Name)
+		r.watchNodePods(n.Name, nil)
 		r.enqueueNodePods(n.Name)
 	}
 }
@@ -262,20 +280,12 @@ func equalTaints(a, b []corev1.Taint) bool {
 	return true
 }
 
-// enqueueJobPod queues a pod of the Jobs' pod informer whose change may call for a
+// enqueueJobPod queues a pod of the Pods informer (a managed Job's) whose change may call for a
 // recovery: one recovery.Relevant says so of, or one bound to a node the cache does not know
 // (an orphan, Z3, unless the cache lags: recoverPod asks the API server). Whether it is of
 // a managed Job is for recoverPod to see: the Job may not be in the lister yet.
 func (r *Recoverer) enqueueJobPod(pod *corev1.Pod) {
 	if recovery.Relevant(pod, false) || r.nodeUnknown(pod) {
-		r.queue.Add(cache.MetaObjectToName(pod).String())
-	}
-}
-
-// enqueueOtherPod queues a pod of the other pods' informer (a stub) when recovery may
-// concern it: with RecoverAll, opted in and relevant.
-func (r *Recoverer) enqueueOtherPod(pod *corev1.Pod) {
-	if r.cfg.RecoverPods == RecoverAll && recovery.Relevant(pod, true) {
 		r.queue.Add(cache.MetaObjectToName(pod).String())
 	}
 }
@@ -289,7 +299,8 @@ func (r *Recoverer) nodeUnknown(pod *corev1.Pod) bool {
 	return apierrors.IsNotFound(err)
 }
 
-// enqueueNodePods queues the relevant pods bound to the node.
+// enqueueNodePods queues the relevant pods bound to the node: the managed Jobs' and, when
+// it is watched (tainted unreachable, RecoverAll), the other pods.
 func (r *Recoverer) enqueueNodePods(node string) {
 	if objs, err := r.inf.Pods.GetIndexer().ByIndex(informers.NodeNameIndex, node); err == nil {
 		for _, o := range objs {
@@ -298,14 +309,7 @@ func (r *Recoverer) enqueueNodePods(node string) {
 			}
 		}
 	}
-	if r.cfg.RecoverPods != RecoverAll {
-		return
-	}
-	if objs, err := r.inf.OtherPods.GetIndexer().ByIndex(informers.NodeNameIndex, node); err == nil {
-		for _, o := range objs {
-			if pod, ok := o.(*corev1.Pod); ok {
-				r.enqueueOtherPod(pod)
-			}
-		}
+	for _, pod := range r.nodePods(node) {
+		r.enqueueOtherPod(pod)
 	}
 }

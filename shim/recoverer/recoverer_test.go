@@ -96,8 +96,12 @@ func newFixture(t *testing.T, scope RecoverScope, objs ...runtime.Object) *fixtu
 	return f
 }
 
-// inCache puts objects in the informer stores; pods without a controller-uid label go to
-// the other pods' store, stripped as its informer would.
+// inCache puts objects in the informer stores, with what the informers' handlers would do
+// beyond enqueueing: a node tainted unreachable gets (with RecoverAll) an informer of its
+// pods, recorded and not started (Run is not called); a managed Job's pod (labelled) goes
+// to Pods, any other pod to the informer of its node's pods, stripped, through that
+// informer's handler (which enqueues it when opted in), or nowhere when its node has no
+// such informer, as it would not be watched.
 func (f *fixture) inCache(t *testing.T, objs ...runtime.Object) {
 	t.Helper()
 	for _, o := range objs {
@@ -107,14 +111,17 @@ func (f *fixture) inCache(t *testing.T, objs ...runtime.Object) {
 			err = f.inf.Jobs.GetIndexer().Add(o)
 		case *corev1.Node:
 			err = f.inf.Nodes.GetIndexer().Add(o)
+			f.r.watchNodePods(o.Name, o)
 		case *coordinationv1.Lease:
 			err = f.inf.Leases.GetIndexer().Add(o)
 		case *corev1.Pod:
-			if _, ok := o.Labels[batchv1.ControllerUidLabel]; ok {
+			if managedPod(o) {
 				err = f.inf.Pods.GetIndexer().Add(o)
-			} else {
+			} else if nw := f.nodeWatch(o.Spec.NodeName); nw != nil {
 				stub, _ := informers.StripForRecovery(o.DeepCopy())
-				err = f.inf.OtherPods.GetIndexer().Add(stub)
+				if err = nw.inf.GetStore().Add(stub); err == nil {
+					f.r.nodePodChanged(nw, stub)
+				}
 			}
 		default:
 			t.Fatalf("inCache: unexpected %T", o)
@@ -123,6 +130,13 @@ func (f *fixture) inCache(t *testing.T, objs ...runtime.Object) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// nodeWatch returns the informer of the node's pods; nil when there is none.
+func (f *fixture) nodeWatch(node string) *nodeWatch {
+	f.r.nodes.mu.Lock()
+	defer f.r.nodes.mu.Unlock()
+	return f.r.nodes.byNode[node]
 }
 
 func (f *fixture) events() []string {
@@ -144,7 +158,8 @@ func managedJob(name, managedBy string) *batchv1.Job {
 	}
 }
 
-// podOn is a Running pod bound to node, of job (nil: a bare pod), opted in or not.
+// podOn is a Running pod bound to node, of job (nil: a bare pod), opted in or not. The
+// pod of a Job managed by conditions.ManagedBy carries conditions.ManagedPodLabel.
 func podOn(name, node string, job *batchv1.Job, optedIn bool) *corev1.Pod {
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, UID: types.UID(name + "-uid"), ResourceVersion: "1",
@@ -155,6 +170,9 @@ func podOn(name, node string, job *batchv1.Job, optedIn bool) *corev1.Pod {
 	if job != nil {
 		p.Labels[batchv1.ControllerUidLabel] = string(job.UID)
 		p.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(job, batchv1.SchemeGroupVersion.WithKind("Job"))}
+		if informers.IsManagedBy(job, conditions.ManagedBy) {
+			p.Labels[conditions.ManagedPodLabel] = "true"
+		}
 	}
 	if optedIn {
 		p.Annotations = map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"}
@@ -186,9 +204,11 @@ func unreachableNode(name string) *corev1.Node {
 	}}}
 }
 
-// TestHandlers checks what the event handlers enqueue: relevant pods of Jobs, opted-in
-// other pods only with RecoverAll, and the relevant pods of a node whose taints or agent
-// Lease changed, or that is gone; not a resync, nor a node update that leaves the taints.
+// TestHandlers checks what the event handlers enqueue: relevant pods of managed Jobs,
+// opted-in other pods only with RecoverAll from the informer of a node tainted
+// unreachable (never a managed Job's pod seen there), and the relevant pods of a node
+// whose taints or agent Lease changed, or that is gone; not a resync, nor a node update
+// that leaves the taints.
 func TestHandlers(t *testing.T) {
 	for _, scope := range []RecoverScope{RecoverAll, RecoverManaged} {
 		t.Run(string(scope), func(t *testing.T) {
@@ -199,9 +219,10 @@ func TestHandlers(t *testing.T) {
 			bare := podOn("bare", "node-1", nil, true)
 			plainBare := podOn("plain-bare", "node-1", nil, false)
 			f := newFixture(t, scope)
-			f.inCache(t, job, node, jobPod, plainJobPod, bare, plainBare)
+			f.inCache(t, job, node, jobPod, plainJobPod)
+			all := scope == RecoverAll
 			withOthers := func(keys ...string) []string {
-				if scope == RecoverAll {
+				if all {
 					keys = append(keys, "ns/bare")
 				}
 				slices.Sort(keys)
@@ -211,6 +232,12 @@ func TestHandlers(t *testing.T) {
 				t.Helper()
 				if got := f.queue.take(); !slices.Equal(got, want) {
 					t.Errorf("%s: enqueued %v, want %v", what, got, want)
+				}
+			}
+			watched := func(what string, want ...string) {
+				t.Helper()
+				if got := f.r.WatchedNodes(); !slices.Equal(got, want) {
+					t.Errorf("%s: watching the pods of %q, want %q", what, got, want)
 				}
 			}
 
@@ -223,28 +250,121 @@ func TestHandlers(t *testing.T) {
 			updated.ResourceVersion = "2"
 			f.r.updatePod(jobPod, updated)
 			check("Job's pod updated", []string{"ns/job-pod"})
-			for _, p := range []*corev1.Pod{bare, plainBare} {
-				stub, _ := informers.StripForRecovery(p.DeepCopy())
-				f.r.otherPodChanged(stub)
-			}
-			check("other pods", withOthers())
+			watched("reachable node")
+			f.inCache(t, bare, plainBare)
+			check("other pods on a reachable node", nil)
 
 			tainted := unreachableNode("node-1")
 			tainted.ResourceVersion = "2"
 			f.r.updateNode(node, tainted)
-			check("taints changed", withOthers("ns/job-pod"))
+			check("taints changed (the node's informer has listed nothing yet)", []string{"ns/job-pod"})
+			if all {
+				watched("tainted", "node-1")
+			} else {
+				watched("tainted, RecoverManaged")
+			}
+			f.inCache(t, bare, plainBare) // the node's informer lists them
+			check("other pods on an unreachable node", withOthers())
+			if nw := f.nodeWatch("node-1"); nw != nil {
+				// A managed Job's pod is in a node's informer too: ignored there.
+				stub, _ := informers.StripForRecovery(jobPod.DeepCopy())
+				f.r.nodePodChanged(nw, stub)
+				check("a managed Job's pod seen by the node's informer", nil)
+				if p := f.r.nodePod("ns/job-pod"); p != nil {
+					t.Errorf("nodePod(ns/job-pod) = %v, want nil: a managed Job's pod is looked up in Pods", p)
+				}
+			}
+			if got := f.r.nodePod("ns/bare") != nil; got != all {
+				t.Errorf("nodePod(ns/bare) found: %v, want %v", got, all)
+			}
+
 			relabelled := tainted.DeepCopy()
 			relabelled.Labels = map[string]string{"a": "b"}
 			f.r.updateNode(tainted, relabelled)
 			check("taints unchanged", nil)
-			f.r.deleteNode(cache.DeletedFinalStateUnknown{Key: "node-1", Obj: tainted})
-			check("node deleted", withOthers("ns/job-pod"))
-
 			lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: conditions.AgentLeaseName("node-1"), Namespace: f.inf.AgentNamespace}}
 			f.r.leaseChanged(lease)
 			check("agent Lease", withOthers("ns/job-pod"))
 			f.r.leaseChanged(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Namespace: f.inf.AgentNamespace}})
 			check("another Lease", nil)
+
+			// A pod that gets the managed label (the Job controller labels a managed Job's
+			// pod that lacked it) leaves the lookup.
+			if nw := f.nodeWatch("node-1"); nw != nil {
+				labelled, _ := informers.StripForRecovery(bare.DeepCopy())
+				labelled.(*corev1.Pod).Labels = map[string]string{conditions.ManagedPodLabel: "true"}
+				f.r.nodePodChanged(nw, labelled)
+				check("pod labelled managed", nil)
+				if p := f.r.nodePod("ns/bare"); p != nil {
+					t.Errorf("nodePod(ns/bare) after the managed label = %v, want nil", p)
+				}
+				f.r.nodePodChanged(nw, mustStrip(bare))
+				check("label gone again", []string{"ns/bare"})
+			}
+
+			f.r.deleteNode(cache.DeletedFinalStateUnknown{Key: "node-1", Obj: relabelled})
+			check("node deleted", []string{"ns/job-pod"})
+			watched("node deleted")
+			if p := f.r.nodePod("ns/bare"); p != nil {
+				t.Errorf("nodePod(ns/bare) after the node's deletion = %v, want nil", p)
+			}
+		})
+	}
+}
+
+func mustStrip(p *corev1.Pod) *corev1.Pod {
+	stub, _ := informers.StripForRecovery(p.DeepCopy())
+	return stub.(*corev1.Pod)
+}
+
+// TestWatchNodePods: the node events that start and stop the informer of a node's pods.
+// It runs for a node tainted unreachable (whatever the taint's effect), from the initial
+// list on, with RecoverAll only; it stops when the taint goes or the node is deleted.
+func TestWatchNodePods(t *testing.T) {
+	healthy := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}}
+	notReady := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{
+		{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoExecute}}}}
+	noSchedule := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{
+		{Key: corev1.TaintNodeUnreachable, Effect: corev1.TaintEffectNoSchedule}}}}
+	unreachable := unreachableNode("n")
+	add := func(n *corev1.Node) func(*Recoverer) { return func(r *Recoverer) { r.addNode(n) } }
+	update := func(o, n *corev1.Node) func(*Recoverer) { return func(r *Recoverer) { r.updateNode(o, n) } }
+	del := func(obj any) func(*Recoverer) { return func(r *Recoverer) { r.deleteNode(obj) } }
+	for _, tc := range []struct {
+		name        string
+		scope       RecoverScope
+		events      []func(*Recoverer)
+		wantWatched bool
+	}{
+		{"tainted at start", RecoverAll, []func(*Recoverer){add(unreachable)}, true},
+		{"healthy at start", RecoverAll, []func(*Recoverer){add(healthy)}, false},
+		{"not ready", RecoverAll, []func(*Recoverer){add(notReady)}, false},
+		{"taint added", RecoverAll, []func(*Recoverer){add(healthy), update(healthy, unreachable)}, true},
+		{"NoSchedule only", RecoverAll, []func(*Recoverer){add(healthy), update(healthy, noSchedule)}, true},
+		{"NoExecute added", RecoverAll, []func(*Recoverer){add(noSchedule), update(noSchedule, unreachable)}, true},
+		{"taint removed", RecoverAll, []func(*Recoverer){add(unreachable), update(unreachable, healthy)}, false},
+		{"unreachable to not ready", RecoverAll, []func(*Recoverer){add(unreachable), update(unreachable, notReady)}, false},
+		{"deleted", RecoverAll, []func(*Recoverer){add(unreachable), del(unreachable)}, false},
+		{"deleted, final state unknown", RecoverAll, []func(*Recoverer){add(unreachable), del(cache.DeletedFinalStateUnknown{Key: "n", Obj: unreachable})}, false},
+		{"deleted and back tainted", RecoverAll, []func(*Recoverer){add(unreachable), del(unreachable), add(unreachable)}, true},
+		{"RecoverManaged, tainted at start", RecoverManaged, []func(*Recoverer){add(unreachable)}, false},
+		{"RecoverManaged, taint added", RecoverManaged, []func(*Recoverer){add(healthy), update(healthy, unreachable)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.scope)
+			for _, e := range tc.events {
+				e(f.r)
+			}
+			var want []string
+			if tc.wantWatched {
+				want = []string{"n"}
+			}
+			if got := f.r.WatchedNodes(); !slices.Equal(got, want) {
+				t.Errorf("watching the pods of %q, want %q", got, want)
+			}
+			if nw := f.nodeWatch("n"); nw != nil && nw.stop != nil {
+				t.Error("the informer started before Run")
+			}
 		})
 	}
 }
@@ -336,26 +456,30 @@ func TestRecoverOrphan(t *testing.T) {
 }
 
 // TestRecoverOthersScope: an opted-in zombie that is not of a managed Job (a Job managed
-// by someone else, a bare pod) is recovered with RecoverAll in the informers' namespace
-// only, and never with RecoverManaged.
+// by someone else, a bare pod) is recovered with RecoverAll, from the informer of its
+// node's pods, in the informers' namespace only, when its node is tainted unreachable,
+// and never with RecoverManaged.
 func TestRecoverOthersScope(t *testing.T) {
 	others := managedJob("builtin", "kubernetes.io/job-controller")
+	reachable := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}
 	for _, tc := range []struct {
 		name      string
 		scope     RecoverScope
 		pod       *corev1.Pod
+		node      *corev1.Node // default: tainted unreachable
 		recovered bool
 	}{
-		{"another's Job, all", RecoverAll, podOn("p", "node-1", others, true), true},
-		{"another's Job, managed", RecoverManaged, podOn("p", "node-1", others, true), false},
-		{"bare, all", RecoverAll, podOn("p", "node-1", nil, true), true},
-		{"bare, managed", RecoverManaged, podOn("p", "node-1", nil, true), false},
-		{"bare, not opted in", RecoverAll, podOn("p", "node-1", nil, false), false},
+		{"another's Job, all", RecoverAll, podOn("p", "node-1", others, true), nil, true},
+		{"another's Job, managed", RecoverManaged, podOn("p", "node-1", others, true), nil, false},
+		{"bare, all", RecoverAll, podOn("p", "node-1", nil, true), nil, true},
+		{"bare, managed", RecoverManaged, podOn("p", "node-1", nil, true), nil, false},
+		{"bare, not opted in", RecoverAll, podOn("p", "node-1", nil, false), nil, false},
+		{"bare, node reachable", RecoverAll, podOn("p", "node-1", nil, true), reachable, false},
 		{"another namespace", RecoverAll, func() *corev1.Pod {
 			p := podOn("p", "node-1", others, true)
 			p.Namespace = "elsewhere"
 			return p
-		}(), false},
+		}(), nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, tc.scope)
@@ -364,7 +488,11 @@ func TestRecoverOthersScope(t *testing.T) {
 			f.client = fake.NewClientset(pod)
 			f.r.client = f.client
 			f.r.patcher = conditions.NewPodPatcher(f.client, conditions.ShimComponent)
-			f.inCache(t, others, unreachableNode("node-1"), pod)
+			node := tc.node
+			if node == nil {
+				node = unreachableNode("node-1")
+			}
+			f.inCache(t, others, node, pod)
 			f.clock.Step(threshold)
 			if err := f.r.recoverPod(context.Background(), pod.Namespace+"/p"); err != nil {
 				t.Fatal(err)

@@ -541,8 +541,8 @@ func (f *fixture) waitPodEvent(p *corev1.Pod, reason, part string) {
 
 // Issue 12 item 5 (Z1/Z2 as Kueue): with --recover-pods=all (the default) an opted-in pod
 // that is not of a Job coroner manages is recovered too: a built-in Job's pod opted in by
-// Kueue's annotation (in the Job pod informer) and a bare pod opted in by coroner's (in the
-// stripped informer of the other pods) are failed with the conditions and force-deleted
+// Kueue's annotation and a bare pod opted in by coroner's (both seen by the informer of the
+// unreachable node's pods, which the taint starts) are failed with the conditions and force-deleted
 // once their deletion plus the threshold has passed; a pod that is not opted in is left
 // terminating; an opted-in terminal pod being deleted on the unreachable node is
 // force-deleted at once.
