@@ -85,3 +85,42 @@ func (f *fixture) updatePod(pod *corev1.Pod, what string, mutate func(p *corev1.
 	}
 	return updated
 }
+
+// TestManagedLabelLost: a running pod of a managed Job whose coroner.dev/managed label is
+// taken away leaves the shim's pod cache, still matching its Job's selector: the shim reads
+// it again and labels it again, with no replacement meanwhile. Then the label is taken away
+// while no shim runs, as after an upgrade from a shim that did not label its pods: the next
+// one labels it before its caches start, again with no replacement. The Job completes with
+// its one pod.
+func TestManagedLabelLost(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, controller.Config{})
+	if f.builtin {
+		t.Skip("coroner's own label")
+	}
+	job := f.createJob(wrappers.MakeJob("label", f.ns).Parallelism(1).Completions(1))
+	pod := f.waitActive(job, 1, settle)[0]
+	if pod.Labels[conditions.ManagedPodLabel] != "true" {
+		t.Fatalf("pod labels %v: no %s=true", pod.Labels, conditions.ManagedPodLabel)
+	}
+	f.runPod(pod, true)
+	unlabel := func(p *corev1.Pod) { delete(p.Labels, conditions.ManagedPodLabel) }
+	labelledAgain := func(after *corev1.Pod) {
+		f.waitPodRecord(pod, "labelled "+conditions.ManagedPodLabel+" again", func(r *podRecord) bool {
+			return !r.gone && rvOf(r.last) > rvOf(after) && r.last.Labels[conditions.ManagedPodLabel] == "true"
+		})
+	}
+	labelledAgain(f.updatePod(pod, "take the label away", unlabel))
+
+	f.stopController()
+	after := f.updatePod(pod, "take the label away while no shim runs", unlabel)
+	f.startController()
+	labelledAgain(after)
+
+	f.succeedPod(pod)
+	f.waitFinished(job, batchv1.JobComplete, settle)
+	f.wantCounters(job, counters{Succeeded: 1})
+	if n := len(f.mirror.records(job)); n != 1 {
+		t.Errorf("the Job had %d pods, want its first one only", n)
+	}
+}
