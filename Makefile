@@ -95,8 +95,8 @@ bench-large: tools ## P1 at 100,000 pods: one Indexed Job of 100,000 completions
 	$(GO) run ./test/bench/shim -preset indexed-100k $(BENCH_ARGS)
 
 .PHONY: bench-scale
-bench-scale: tools build ## scale by simulation (issue 23): kwok nodes on a real control plane: a zone outage (100 of 600 nodes and their agents stop: pods replaced by coroner-shim vs the built-in controller), then the agents' API writes at rest on 5,000 nodes beside the kubelets' (BENCH_SCALE_ARGS; ~25 min; not in make bench, nor in CI)
-	test/tools/build.sh kwok
+bench-scale: tools build ## scale by simulation (issue 23): kwok nodes on a real control plane: a zone outage (100 of 600 nodes and their agents stop: pods replaced by coroner-shim vs the built-in controller vs Kueue v0.17.0's FailureRecoveryPolicy, its manager a host process), then the agents' API writes at rest on 5,000 nodes beside the kubelets' (BENCH_SCALE_ARGS; ~25 min, and about 10 min more the first time, to build kwok and Kueue; not in make bench, nor in CI)
+	test/tools/build.sh kwok kueue
 	$(GO) run ./test/bench/scale $(BENCH_SCALE_ARGS)
 
 bench-nodeloss: build ## P3: a lab node partitioned: time to a replacement pod Running, coroner vs the built-in controller (root; uses or brings up the lab)

@@ -13,7 +13,8 @@
 # Named only (not in the default set): kubeadm, kube-proxy, kind and coredns, for test/kind;
 # helm, prometheus and promtool, for test/deploy and test/e2e's Prometheus test;
 # e2e-upstream, upstream's e2e test binary (_output/bin/e2e-apps.test), for test/upstream;
-# kueue and jobset, the batch platforms test/platforms installs beside coroner;
+# kueue and jobset, the batch platforms test/platforms installs beside coroner (kueue
+# also for make bench-scale's zone outage);
 # golangci-lint, for make lint; kwok, the simulated nodes of make bench-scale.
 #
 # usage: test/tools/build.sh [NAME ...]   (default: every tool but those twelve)

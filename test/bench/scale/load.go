@@ -439,3 +439,6 @@ func cpuSeconds(pid int) float64 {
 	d, _ := measure.CPUTime(pid)
 	return d.Seconds()
 }
+
+// requests is every request counted so far, reads and writes.
+func (w *writeCounter) requests() int64 { return w.writes.Load() + w.reads.Load() }

@@ -8,16 +8,20 @@
 // kube-scheduler, kube-controller-manager's Job, node lifecycle, taint eviction and pod GC
 // controllers, and coroner-shim (the binary, as in production), --pods pods of Indexed Jobs
 // handed to coroner (opted in to the recovery of their pods, podFailurePolicy Ignore on
-// DisruptionTarget) and --builtin-pods of the same Jobs left to the built-in controller
-// (podReplacementPolicy TerminatingOrFailed) run on the kwok nodes (kwok's fast pod stages
-// make them Running), each node with a fencing agent (fence.Fencer, as coroner-agent
-// runs it). Then the first --down nodes (zone-00) and their agents stop at once: those
+// DisruptionTarget), --builtin-pods of the same Jobs left to the built-in controller
+// (podReplacementPolicy TerminatingOrFailed) and --kueue-pods of them left to the built-in
+// controller with podReplacementPolicy Failed, their pods opted in to Kueue's failure
+// recovery (Kueue v0.17.0's manager, built by test/tools/build.sh kueue, run as a host
+// process with its FailureRecoveryPolicy gate on: kueue.go) run on the kwok nodes (kwok's
+// fast pod stages make them Running), each node with a fencing agent (fence.Fencer, as
+// coroner-agent runs it). Then the first --down nodes (zone-00) and their agents stop at once: those
 // nodes have a kwok of their own (a label selects them), which is stopped, so their Leases
 // lapse and nothing confirms their pods' end (kwok keeps managing a node whose annotation
 // is taken off). Measured per controller: how many pods were lost, the time from the outage and
 // from the node's unreachable taint to each replacement Running (p50, p99, max), how many
 // within 90 s of the taint (the goal), indexes replaced twice, replacements of
-// pods that were not lost, and the API server's requests/s at rest and over the storm.
+// pods that were not lost, the API server's requests/s at rest and over the storm, and
+// coroner-shim's and Kueue's own.
 //
 // Scenario "load": the API writes coroner's agents add at rest beside the kubelets'. kwok
 // renews each node's Lease in kube-node-lease every 10 s (the kubelet's renew interval, a
@@ -77,8 +81,12 @@ type config struct {
 	down        int
 	pods        int
 	builtinPods int
-	shimQPS     int
-	outageWait  time.Duration
+	kueuePods   int
+	// kueueToleration is the kueue group's pods' toleration of the NoExecute unreachable
+	// taint; 0 leaves the API server's default (300 s).
+	kueueToleration time.Duration
+	shimQPS         int
+	outageWait      time.Duration
 }
 
 // The scenarios, in the order they run.
@@ -92,13 +100,15 @@ func main() {
 	}
 	c := config{nodes: 5000, window: 4 * time.Minute, fenceAfter: 2 * time.Minute,
 		binDir: filepath.Join(root, "_output", "bin"), jsonDir: filepath.Join(root, "_output", "bench"),
-		outageNodes: 600, down: 100, pods: 1000, builtinPods: 200, shimQPS: 50, outageWait: 4 * time.Minute}
+		outageNodes: 600, down: 100, pods: 1000, builtinPods: 200, kueuePods: 200, shimQPS: 50, outageWait: 4 * time.Minute}
 	fs := flag.NewFlagSet("bench-scale", flag.ContinueOnError)
-	scenariosFlag := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run, in this order: outage (a zone of nodes and their agents stop at once: pods replaced by coroner and by the built-in controller), load (the agents' API writes at rest beside the kubelets')")
+	scenariosFlag := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run, in this order: outage (a zone of nodes and their agents stop at once: pods replaced by coroner, by the built-in controller, and with Kueue's failure recovery), load (the agents' API writes at rest beside the kubelets')")
 	fs.IntVar(&c.outageNodes, "outage-nodes", c.outageNodes, "outage: simulated nodes (the issue's 5,000, with -down 500 -pods 10000 -builtin-pods 2000, saturated this 2-core machine's API server before the outage: docs/performance.md)")
 	fs.IntVar(&c.down, "down", c.down, "outage: nodes that stop at once (the first ones: zone-00's, then the next zone's)")
 	fs.IntVar(&c.pods, "pods", c.pods, "outage: pods of the Jobs handed to coroner (Indexed Jobs of 100, opted in to recovery)")
 	fs.IntVar(&c.builtinPods, "builtin-pods", c.builtinPods, "outage: pods of the built-in controller's Jobs (podReplacementPolicy TerminatingOrFailed); 0 runs none")
+	fs.IntVar(&c.kueuePods, "kueue-pods", c.kueuePods, "outage: pods of the built-in controller's Jobs with podReplacementPolicy Failed, opted in to Kueue's failure recovery (Kueue's manager runs, FailureRecoveryPolicy on); 0 runs none, and no Kueue")
+	fs.DurationVar(&c.kueueToleration, "kueue-toleration", 0, "outage: the kueue group's pods' tolerationSeconds for the NoExecute unreachable taint; 0: the API server's default (300s), as the other groups'")
 	fs.IntVar(&c.shimQPS, "shim-qps", c.shimQPS, "outage: coroner-shim's --kube-api-qps (its default 50; burst twice that)")
 	fs.DurationVar(&c.outageWait, "outage-wait", c.outageWait, "outage: how long after the outage to wait for the replacements")
 	fs.IntVar(&c.nodes, "nodes", c.nodes, "load: simulated nodes (kwok)")
@@ -143,8 +153,11 @@ func main() {
 	if c.down < 1 || c.down > c.outageNodes {
 		bad = append(bad, fmt.Sprintf("--down=%d: want 1 to --outage-nodes (%d)", c.down, c.outageNodes))
 	}
-	if c.pods < 1 || c.builtinPods < 0 {
-		bad = append(bad, fmt.Sprintf("--pods=%d --builtin-pods=%d: want at least 1 and 0", c.pods, c.builtinPods))
+	if c.pods < 1 || c.builtinPods < 0 || c.kueuePods < 0 {
+		bad = append(bad, fmt.Sprintf("--pods=%d --builtin-pods=%d --kueue-pods=%d: want at least 1, 0 and 0", c.pods, c.builtinPods, c.kueuePods))
+	}
+	if c.kueueToleration < 0 || c.kueueToleration%time.Second != 0 {
+		bad = append(bad, fmt.Sprintf("--kueue-toleration=%v: want whole seconds, 0 or more", c.kueueToleration))
 	}
 	if c.shimQPS < 1 {
 		bad = append(bad, fmt.Sprintf("--shim-qps=%d: want at least 1", c.shimQPS))

@@ -44,7 +44,16 @@ const outageGoal = 90 * time.Second
 const (
 	groupCoroner = "coroner"
 	groupBuiltin = "built-in"
+	// groupKueue's Jobs are the built-in controller's (podReplacementPolicy Failed), their
+	// pods opted in to Kueue's failure recovery (FailureRecoveryPolicy).
+	groupKueue = "kueue"
 )
+
+// outageGroups are the groups in the order they are created and reported.
+var outageGroups = []string{groupCoroner, groupBuiltin, groupKueue}
+
+// groupNamespaces holds each group's Jobs in a namespace of its own.
+var groupNamespaces = map[string]string{groupCoroner: "outage-coroner", groupBuiltin: "outage-builtin", groupKueue: "outage-kueue"}
 
 // outageResult is the outage scenario's figures (scale-outage.json).
 type outageResult struct {
@@ -70,10 +79,22 @@ type outageResult struct {
 	StormTop      []string `json:"stormTopWrites"`
 	// The shim's own requests over the storm (through its counting proxy), and its most in
 	// any one second: its client allows --shim-qps, bursts of twice that.
-	ShimRequests int64          `json:"shimRequests"`
-	ShimPeak     int64          `json:"shimPeakRequestsInASecond"`
-	Groups       []outageGroup  `json:"groups"`
-	Setup        map[string]any `json:"setup"`
+	ShimRequests int64 `json:"shimRequests"`
+	ShimPeak     int64 `json:"shimPeakRequestsInASecond"`
+	// WaitSeconds is how long the scenario watched after the outage: until every lost pod
+	// of every group was replaced, or -outage-wait.
+	WaitSeconds float64 `json:"waitSeconds"`
+	// KueueToleration is the kueue group's pods' toleration of the NoExecute unreachable
+	// taint (-kueue-toleration); empty: the API server's default, 300 s.
+	KueueToleration string `json:"kueueToleration,omitempty"`
+	// Kueue's manager's own requests (through its counting proxy): per second at rest,
+	// then from the outage to the end of the wait, and its most in any one second then
+	// (its client: kueueQPS, bursts of twice that).
+	KueueRestRequests float64        `json:"kueueRestRequestsPerSecond"`
+	KueueRequests     int64          `json:"kueueRequests"`
+	KueuePeak         int64          `json:"kueuePeakRequestsInASecond"`
+	Groups            []outageGroup  `json:"groups"`
+	Setup             map[string]any `json:"setup"`
 }
 
 // outageGroup is one controller's figures.
@@ -84,11 +105,20 @@ type outageGroup struct {
 	// a replacement Running by the end of the wait.
 	Lost     int `json:"lost"`
 	Replaced int `json:"replaced"`
-	// Seconds from the outage, and from the pod's node's taint, to the replacement
-	// Running: p50, p99, max over the replaced.
-	FromOutage [3]float64 `json:"fromOutageP50P99Max"`
-	FromTaint  [3]float64 `json:"fromTaintP50P99Max"`
-	WithinGoal int        `json:"withinGoalOfTaint"`
+	// LostNodes is how many dark nodes its lost pods were on; OnNoExecute how many of its
+	// lost pods were on a node with the NoExecute unreachable taint by the end (those the
+	// taint eviction could have deleted).
+	LostNodes   int `json:"lostNodes"`
+	OnNoExecute int `json:"lostOnNoExecuteNodes"`
+	// Seconds from the outage, from the pod's node's first unreachable taint, and from its
+	// NoExecute one (what the taint eviction, and so the built-in controller and Kueue,
+	// wait for), to the replacement Running: p50, p99, max over the replaced (for the
+	// last, over those whose node had the NoExecute taint by the end; negative: the
+	// replacement ran before it).
+	FromOutage    [3]float64 `json:"fromOutageP50P99Max"`
+	FromTaint     [3]float64 `json:"fromTaintP50P99Max"`
+	FromNoExecute [3]float64 `json:"fromNoExecuteP50P99Max"`
+	WithinGoal    int        `json:"withinGoalOfTaint"`
 	// Twice counts lost indexes with more than one new pod; Spurious new pods of indexes
 	// whose pod was not on a dark node.
 	Twice    int `json:"replacedTwice"`
@@ -112,7 +142,7 @@ type outageState struct {
 	t0      time.Time // the outage; zero before
 	slots   map[string]*slot
 	taints  map[string]time.Time // dark node -> unreachable taint seen
-	noExec  map[string]bool
+	noExec  map[string]time.Time // dark node -> NoExecute unreachable taint seen
 	dark    map[string]bool
 	running map[string]int // group -> pods Running (before the outage)
 }
@@ -123,6 +153,9 @@ func runOutage(ctx context.Context, c config) error {
 	began := time.Now()
 	c.nodes = c.outageNodes // its own size: the agents, startFencers and the rest read c.nodes
 	res := outageResult{Nodes: c.nodes, Down: c.down, FenceAfter: c.fenceAfter.String(), ShimQPS: c.shimQPS, Wait: c.outageWait.String(), Setup: map[string]any{}}
+	if c.kueuePods > 0 && c.kueueToleration > 0 {
+		res.KueueToleration = c.kueueToleration.String()
+	}
 	shimBin := filepath.Join(c.binDir, "coroner-shim")
 	if _, err := os.Stat(shimBin); err != nil {
 		return fmt.Errorf("%w: run `make build` first", err)
@@ -161,7 +194,7 @@ func runOutage(ctx context.Context, c config) error {
 	res.Setup["nodesReadySeconds"] = time.Since(t).Seconds()
 
 	// The agents' fencing Leases, one fencer per node, as coroner-agent runs them.
-	for _, ns := range []string{agentNamespace, "outage-coroner", "outage-builtin"} {
+	for _, ns := range []string{agentNamespace, groupNamespaces[groupCoroner], groupNamespaces[groupBuiltin], groupNamespaces[groupKueue]} {
 		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
 		}
@@ -211,8 +244,23 @@ func runOutage(ctx context.Context, c config) error {
 		return err
 	}
 	defer shim.Stop(10 * time.Second)
+	// Kueue's manager, with its failure recovery (FailureRecoveryPolicy) on.
+	kueueCounter := &writeCounter{}
+	var kueue *host.Process
+	if c.kueuePods > 0 {
+		t := time.Now()
+		var cleanup func()
+		kueue, cleanup, err = startKueue(shimCtx, env, c.binDir, kueueCounter)
+		defer cleanup()
+		if err != nil {
+			return err
+		}
+		defer kueue.Stop(10 * time.Second) // before cleanup
+		fmt.Printf("  Kueue %s's manager running, its failure recovery controller started, in %v\n", kueueVersion, time.Since(t).Round(time.Second))
+		res.Setup["kueueReadySeconds"] = time.Since(t).Seconds()
+	}
 
-	st := &outageState{slots: map[string]*slot{}, taints: map[string]time.Time{}, noExec: map[string]bool{}, dark: map[string]bool{}, running: map[string]int{}}
+	st := newOutageState()
 	for i := range c.down {
 		st.dark[nodeName(i)] = true // zone-00's nodes: kwok-node-00000 on
 	}
@@ -233,25 +281,26 @@ func runOutage(ctx context.Context, c config) error {
 	factory.WaitForCacheSync(fctx.Done())
 
 	t = time.Now()
-	jobs := map[string]int{groupCoroner: c.pods, groupBuiltin: c.builtinPods}
-	for _, g := range []string{groupCoroner, groupBuiltin} {
-		if err := createOutageJobs(ctx, cs, g, jobs[g]); err != nil {
+	jobs := map[string]int{groupCoroner: c.pods, groupBuiltin: c.builtinPods, groupKueue: c.kueuePods}
+	for _, g := range outageGroups {
+		if err := createOutageJobs(ctx, cs, g, jobs[g], c.kueueToleration); err != nil {
 			return err
 		}
 	}
 	// At the issue's size (5,000 nodes, 12,000 pods) this machine's saturated API server
 	// took the pods to Running at about 11 a second (2026-11-28: 5,328 of coroner's 10,000
 	// after 13 min), so the wait grows with the pods: 150 ms each, at least 15 min.
-	setupWait := max(15*time.Minute, time.Duration(c.pods+c.builtinPods)*150*time.Millisecond)
+	setupWait := max(15*time.Minute, time.Duration(c.pods+c.builtinPods+c.kueuePods)*150*time.Millisecond)
 	if err := waitFor(ctx, setupWait, func() (bool, string) {
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		return st.running[groupCoroner] >= c.pods && st.running[groupBuiltin] >= c.builtinPods,
-			fmt.Sprintf("%d of %d coroner pods and %d of %d built-in pods Running", st.running[groupCoroner], c.pods, st.running[groupBuiltin], c.builtinPods)
+		return st.running[groupCoroner] >= c.pods && st.running[groupBuiltin] >= c.builtinPods && st.running[groupKueue] >= c.kueuePods,
+			fmt.Sprintf("%d of %d coroner pods, %d of %d built-in pods and %d of %d kueue pods Running", st.running[groupCoroner], c.pods,
+				st.running[groupBuiltin], c.builtinPods, st.running[groupKueue], c.kueuePods)
 	}); err != nil {
 		return fmt.Errorf("%w\ncoroner-shim's log:\n%s", err, shim.LogTail(20))
 	}
-	fmt.Printf("  %d pods of coroner's Jobs and %d of the built-in controller's Running in %v\n", c.pods, c.builtinPods, time.Since(t).Round(time.Second))
+	fmt.Printf("  %d pods of coroner's Jobs, %d of the built-in controller's and %d of the kueue group's Running in %v\n", c.pods, c.builtinPods, c.kueuePods, time.Since(t).Round(time.Second))
 	res.Setup["podsRunningSeconds"] = time.Since(t).Seconds()
 
 	// At rest, with every pod Running.
@@ -262,6 +311,7 @@ func runOutage(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
+	k0 := kueueCounter.requests()
 	restWindow := 60 * time.Second
 	if err := sleep(ctx, restWindow); err != nil {
 		return err
@@ -271,6 +321,7 @@ func runOutage(ctx context.Context, c config) error {
 		return err
 	}
 	res.RestRequests, res.RestWrites = total(rates(r0, r1, restWindow)), total(writesOnly(rates(r0, r1, restWindow)))
+	res.KueueRestRequests = float64(kueueCounter.requests()-k0) / restWindow.Seconds()
 
 	// The outage: the zone's agents and kubelets (their kwok) stop at once.
 	lost := map[string]int{}
@@ -287,14 +338,16 @@ func runOutage(ctx context.Context, c config) error {
 		stopAgent(nodeName(i))
 	}
 	kwokDark.Stop(0) // its nodes' Leases lapse, and nothing confirms their pods' end
-	fmt.Printf("  outage: %d nodes (zone-00) and their agents stopped at once, in %v; %d coroner pods and %d built-in pods on them\n",
-		c.down, time.Since(t0).Round(time.Millisecond), lost[groupCoroner], lost[groupBuiltin])
+	fmt.Printf("  outage: %d nodes (zone-00) and their agents stopped at once, in %v; %d coroner pods, %d built-in pods and %d kueue pods on them\n",
+		c.down, time.Since(t0).Round(time.Millisecond), lost[groupCoroner], lost[groupBuiltin], lost[groupKueue])
 	s0, err := scrapeRequests(ctx, cs)
 	if err != nil {
 		return err
 	}
-	shim0 := shimCounter.writes.Load() + shimCounter.reads.Load()
-	peak := peakRate(ctx, func() int64 { return shimCounter.writes.Load() + shimCounter.reads.Load() })
+	shim0 := shimCounter.requests()
+	peak := peakRate(ctx, shimCounter.requests)
+	kueue0 := kueueCounter.requests()
+	kueuePeak := peakRate(ctx, kueueCounter.requests)
 	stormEnd := time.Time{}
 	var s1 writeCounts
 	deadline := t0.Add(c.outageWait)
@@ -306,24 +359,26 @@ func runOutage(ctx context.Context, c config) error {
 		replaced := st.replaced()
 		if stormEnd.IsZero() && replaced[groupCoroner] >= lost[groupCoroner] {
 			stormEnd = time.Now()
-			res.ShimRequests, res.ShimPeak = shimCounter.writes.Load()+shimCounter.reads.Load()-shim0, peak()
+			res.ShimRequests, res.ShimPeak = shimCounter.requests()-shim0, peak()
 			if s1, err = scrapeRequests(ctx, cs); err != nil {
 				return err
 			}
-			fmt.Printf("  %v: every coroner pod replaced; waiting for the built-in controller until %v after the outage\n", time.Since(t0).Round(time.Second), c.outageWait)
+			fmt.Printf("  %v: every coroner pod replaced; waiting for the built-in controller and Kueue until %v after the outage\n", time.Since(t0).Round(time.Second), c.outageWait)
 		}
 		if time.Since(lastPrint) >= 30*time.Second {
 			lastPrint = time.Now()
-			fmt.Printf("  %v: replaced coroner %d of %d, built-in %d of %d; %d nodes tainted unreachable\n", time.Since(t0).Round(time.Second),
-				replaced[groupCoroner], lost[groupCoroner], replaced[groupBuiltin], lost[groupBuiltin], st.tainted())
+			fmt.Printf("  %v: replaced coroner %d of %d, built-in %d of %d, kueue %d of %d; %d nodes tainted unreachable, %d NoExecute\n", time.Since(t0).Round(time.Second),
+				replaced[groupCoroner], lost[groupCoroner], replaced[groupBuiltin], lost[groupBuiltin], replaced[groupKueue], lost[groupKueue], st.tainted(), st.noExecuted())
 		}
-		if replaced[groupCoroner] >= lost[groupCoroner] && replaced[groupBuiltin] >= lost[groupBuiltin] {
+		if allReplaced(replaced, lost) {
 			break
 		}
 	}
+	res.WaitSeconds = time.Since(t0).Seconds()
+	res.KueueRequests, res.KueuePeak = kueueCounter.requests()-kueue0, kueuePeak()
 	if stormEnd.IsZero() {
 		stormEnd = time.Now()
-		res.ShimRequests, res.ShimPeak = shimCounter.writes.Load()+shimCounter.reads.Load()-shim0, peak()
+		res.ShimRequests, res.ShimPeak = shimCounter.requests()-shim0, peak()
 		if s1, err = scrapeRequests(ctx, cs); err != nil {
 			return err
 		}
@@ -335,7 +390,8 @@ func runOutage(ctx context.Context, c config) error {
 
 	// What is left of the lost pods.
 	left := map[string]int{}
-	for _, ns := range []string{"outage-coroner", "outage-builtin"} {
+	for _, g := range outageGroups {
+		ns := groupNamespaces[g]
 		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
 		if err != nil {
 			return err
@@ -347,13 +403,22 @@ func runOutage(ctx context.Context, c config) error {
 		}
 	}
 	res.TaintFirst, res.TaintLast, res.NoExecute = st.taintTimes()
-	for _, g := range []string{groupCoroner, groupBuiltin} {
+	for _, g := range outageGroups {
+		if jobs[g] == 0 {
+			continue
+		}
 		gr := st.group(g, lost[g])
 		gr.Pods = jobs[g]
 		gr.StillTerminating = left[g]
 		res.Groups = append(res.Groups, gr)
 	}
 	printOutage(res)
+	if kueue != nil {
+		if done, err := kueue.Exited(); done {
+			res.Setup["kueueExited"] = fmt.Sprint(err)
+			fmt.Printf("Kueue's manager exited during the run (%v): its figures do not count. Its log:\n%s\n", err, kueue.LogTail(3000))
+		}
+	}
 	if err := writeJSON(c.jsonDir, "scale-outage.json", res); err != nil {
 		return err
 	}
@@ -361,16 +426,33 @@ func runOutage(ctx context.Context, c config) error {
 	return nil
 }
 
+// groupOf is the group whose Jobs live in namespace ns; "" for none.
 func groupOf(ns string) string {
-	if ns == "outage-coroner" {
-		return groupCoroner
+	for g, n := range groupNamespaces {
+		if n == ns {
+			return g
+		}
 	}
-	return groupBuiltin
+	return ""
+}
+
+// allReplaced says whether every group has replaced all its lost pods.
+func allReplaced(replaced, lost map[string]int) bool {
+	for g, n := range lost {
+		if replaced[g] < n {
+			return false
+		}
+	}
+	return true
+}
+
+func newOutageState() *outageState {
+	return &outageState{slots: map[string]*slot{}, taints: map[string]time.Time{}, noExec: map[string]time.Time{}, dark: map[string]bool{}, running: map[string]int{}}
 }
 
 // pod records a pod of the outage's Jobs.
 func (st *outageState) pod(p *corev1.Pod) {
-	if p.Namespace != "outage-coroner" && p.Namespace != "outage-builtin" {
+	if groupOf(p.Namespace) == "" {
 		return
 	}
 	job, index := p.Labels[batchv1.JobNameLabel], p.Annotations[batchv1.JobCompletionIndexAnnotation]
@@ -417,8 +499,8 @@ func (st *outageState) node(n *corev1.Node) {
 		if _, ok := st.taints[n.Name]; !ok {
 			st.taints[n.Name] = time.Now()
 		}
-		if t.Effect == corev1.TaintEffectNoExecute {
-			st.noExec[n.Name] = true
+		if _, ok := st.noExec[n.Name]; !ok && t.Effect == corev1.TaintEffectNoExecute {
+			st.noExec[n.Name] = time.Now()
 		}
 	}
 }
@@ -441,6 +523,12 @@ func (st *outageState) tainted() int {
 	return len(st.taints)
 }
 
+func (st *outageState) noExecuted() int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.noExec)
+}
+
 // taintTimes: seconds from the outage to the first and the last dark node's taint, and how
 // many had the NoExecute one.
 func (st *outageState) taintTimes() (first, last float64, noExec int) {
@@ -461,7 +549,8 @@ func (st *outageState) group(g string, lost int) outageGroup {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	out := outageGroup{Name: g, Lost: lost}
-	var fromOutage, fromTaint []time.Duration
+	var fromOutage, fromTaint, fromNoExec []time.Duration
+	nodes := map[string]bool{}
 	for _, s := range st.slots {
 		if s.group != g {
 			continue
@@ -469,6 +558,10 @@ func (st *outageState) group(g string, lost int) outageGroup {
 		if !st.dark[s.node] {
 			out.Spurious += len(s.newPods)
 			continue
+		}
+		nodes[s.node] = true
+		if _, ok := st.noExec[s.node]; ok {
+			out.OnNoExecute++
 		}
 		if len(s.newPods) > 1 {
 			out.Twice++
@@ -485,8 +578,12 @@ func (st *outageState) group(g string, lost int) outageGroup {
 				out.WithinGoal++
 			}
 		}
+		if tt, ok := st.noExec[s.node]; ok {
+			fromNoExec = append(fromNoExec, s.running.Sub(tt))
+		}
 	}
-	out.FromOutage, out.FromTaint = p50p99max(fromOutage), p50p99max(fromTaint)
+	out.FromOutage, out.FromTaint, out.FromNoExecute = p50p99max(fromOutage), p50p99max(fromTaint), p50p99max(fromNoExec)
+	out.LostNodes = len(nodes)
 	return out
 }
 
@@ -500,18 +597,29 @@ func p50p99max(ds []time.Duration) [3]float64 {
 func printOutage(r outageResult) {
 	fmt.Printf("\nzone outage: %d of %d nodes and their agents stop at once; unreachable taints %.0f-%.0f s after it (%d of %d NoExecute by the end)\n",
 		r.Down, r.Nodes, r.TaintFirst, r.TaintLast, r.NoExecute, r.Down)
-	fmt.Printf("%-10s %7s %6s %10s %26s %26s %14s %7s %9s %12s\n", "controller", "pods", "lost", "replaced", "from outage p50/p99/max s", "from taint p50/p99/max s",
-		fmt.Sprintf("within %v", outageGoal), "twice", "spurious", "terminating")
+	if r.KueueToleration != "" {
+		fmt.Printf("kueue's pods tolerate the NoExecute unreachable taint for %s (-kueue-toleration); the others for the API server's default 300 s\n", r.KueueToleration)
+	}
+	fmt.Printf("watched %.0f s after the outage (-outage-wait %s, or until every group had replaced every lost pod)\n", r.WaitSeconds, r.Wait)
+	fmt.Printf("%-10s %7s %6s %10s %15s %26s %26s %26s %14s %7s %9s %12s\n", "controller", "pods", "lost", "replaced", "on nodes (NoEx)", "from outage p50/p99/max s", "from taint p50/p99/max s",
+		"from NoExecute p50/p99/max", fmt.Sprintf("within %v", outageGoal), "twice", "spurious", "terminating")
 	for _, g := range r.Groups {
-		fmt.Printf("%-10s %7d %6d %10d %26s %26s %14d %7d %9d %12d\n", g.Name, g.Pods, g.Lost, g.Replaced,
+		fmt.Printf("%-10s %7d %6d %10d %15s %26s %26s %26s %14d %7d %9d %12d\n", g.Name, g.Pods, g.Lost, g.Replaced, fmt.Sprintf("%d (%d pods)", g.LostNodes, g.OnNoExecute),
 			fmt.Sprintf("%.1f / %.1f / %.1f", g.FromOutage[0], g.FromOutage[1], g.FromOutage[2]),
 			fmt.Sprintf("%.1f / %.1f / %.1f", g.FromTaint[0], g.FromTaint[1], g.FromTaint[2]),
+			fmt.Sprintf("%.1f / %.1f / %.1f", g.FromNoExecute[0], g.FromNoExecute[1], g.FromNoExecute[2]),
 			g.WithinGoal, g.Twice, g.Spurious, g.StillTerminating)
 	}
 	fmt.Printf("API server: at rest %.0f requests/s (%.0f writes/s); over the storm (%.0f s, to coroner's last replacement Running) %.0f requests/s (%.0f writes/s), x%.2f; its top writes: %s\n",
 		r.RestRequests, r.RestWrites, r.StormSeconds, r.StormRequests, r.StormWrites, r.StormRequests/max(r.RestRequests, 1), strings.Join(r.StormTop, ", "))
 	fmt.Printf("coroner-shim over the storm: %d requests, %.1f/s, at most %d in one second (--kube-api-qps=%d, burst %d)\n",
 		r.ShimRequests, float64(r.ShimRequests)/max(r.StormSeconds, 1), r.ShimPeak, r.ShimQPS, 2*r.ShimQPS)
+	for _, g := range r.Groups {
+		if g.Name == groupKueue {
+			fmt.Printf("Kueue's manager: at rest %.1f requests/s; from the outage to the end (%.0f s) %d requests, %.1f/s, at most %d in one second (clientConnection qps %d, burst %d)\n",
+				r.KueueRestRequests, r.WaitSeconds, r.KueueRequests, float64(r.KueueRequests)/max(r.WaitSeconds, 1), r.KueuePeak, kueueQPS, 2*kueueQPS)
+		}
+	}
 }
 
 // startFencers runs one fence.Fencer per node, as coroner-agent does, each with its own
@@ -561,19 +669,8 @@ func startFencers(ctx context.Context, env *harness.Env, c config) (stop func(st
 // env through counter: a proxy on 127.0.0.1 that counts the shim's requests (its own
 // figures beside the API server's) and passes them on with the harness's credentials.
 func startShim(ctx context.Context, env *harness.Env, bin string, c config, counter *writeCounter) (*host.Process, error) {
-	proxy, err := countingProxy(ctx, env, counter)
+	kubeconfig, err := proxyKubeconfig(ctx, env, "coroner-shim", counter)
 	if err != nil {
-		return nil, err
-	}
-	kubeconfig := filepath.Join(env.Dir, "coroner-shim.kubeconfig")
-	body := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters: [{name: proxy, cluster: {server: %q}}]
-users: [{name: shim, user: {}}]
-contexts: [{name: proxy, context: {cluster: proxy, user: shim}}]
-current-context: proxy
-`, proxy)
-	if err := os.WriteFile(kubeconfig, []byte(body), 0o600); err != nil {
 		return nil, err
 	}
 	addr, err := freeAddr()
@@ -591,6 +688,24 @@ current-context: proxy
 		"--recover-pods=managed",
 	)
 	return host.StartCommand(env.Dir, "coroner-shim", cmd)
+}
+
+// proxyKubeconfig starts a countingProxy to env for the process name and writes a
+// kubeconfig for it into env's directory (name.kubeconfig); it returns the file's path.
+func proxyKubeconfig(ctx context.Context, env *harness.Env, name string, counter *writeCounter) (string, error) {
+	proxy, err := countingProxy(ctx, env, counter)
+	if err != nil {
+		return "", err
+	}
+	kubeconfig := filepath.Join(env.Dir, name+".kubeconfig")
+	body := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: proxy, cluster: {server: %q}}]
+users: [{name: %s, user: {}}]
+contexts: [{name: proxy, context: {cluster: proxy, user: %s}}]
+current-context: proxy
+`, proxy, name, name)
+	return kubeconfig, os.WriteFile(kubeconfig, []byte(body), 0o600)
 }
 
 // countingProxy serves plain HTTP on 127.0.0.1 and forwards every request to env's API
@@ -671,11 +786,17 @@ func createAgentPods(ctx context.Context, cs kubernetes.Interface, nodes int) er
 // ignored by their podFailurePolicy; the built-in controller's replace a pod as soon as it
 // is terminating (podReplacementPolicy TerminatingOrFailed, the fastest it can; the API
 // server allows no podFailurePolicy with it, so their lost pods count against
-// backoffLimit, which is set to the Job's size).
-func createOutageJobs(ctx context.Context, cs kubernetes.Interface, group string, pods int) error {
-	ns := "outage-builtin"
-	if group == groupCoroner {
-		ns = "outage-coroner"
+// backoffLimit, which is set to the Job's size). The kueue group's are the built-in
+// controller's too, as Kueue's failure recovery wants them (KEP-6757's example): pods
+// opted in with kueueSafeToDelete, replaced only once failed (podReplacementPolicy Failed,
+// so no two run at once), which Kueue makes them one minute after their deletion's grace
+// period on an unreachable node; no queue name (Kueue does not admit them: its recovery
+// works on any pod). With kueueToleration, their pods tolerate the NoExecute unreachable
+// taint that long instead of the API server's default 300 s.
+func createOutageJobs(ctx context.Context, cs kubernetes.Interface, group string, pods int, kueueToleration time.Duration) error {
+	ns := groupNamespaces[group]
+	if ns == "" {
+		return fmt.Errorf("unknown group %q", group)
 	}
 	for i := 0; pods > 0; i++ {
 		n := min(pods, 100)
@@ -701,17 +822,25 @@ func createOutageJobs(ctx context.Context, cs kubernetes.Interface, group string
 				},
 			},
 		}
-		if group == groupCoroner {
+		switch group {
+		case groupCoroner:
 			j.Spec.ManagedBy = ptr.To(conditions.ManagedBy)
 			j.Spec.Template.Annotations = map[string]string{conditions.AnnotationSafeToForcefullyDelete: "true"}
 			j.Spec.PodFailurePolicy = &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{
 				Action:          batchv1.PodFailurePolicyActionIgnore,
 				OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}},
 			}}}
-		} else {
+		case groupBuiltin:
 			// A podFailurePolicy requires podReplacementPolicy Failed; the lost pods count
 			// against backoffLimit instead (one per index at most here).
 			j.Spec.PodReplacementPolicy = ptr.To(batchv1.TerminatingOrFailed)
+		case groupKueue:
+			j.Spec.PodReplacementPolicy = ptr.To(batchv1.Failed)
+			j.Spec.Template.Annotations = map[string]string{kueueSafeToDelete: "true"}
+			if kueueToleration > 0 {
+				j.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists,
+					Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To(int64(kueueToleration.Seconds()))}}
+			}
 		}
 		if _, err := cs.BatchV1().Jobs(ns).Create(ctx, j, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating Job %s/%s: %w", ns, j.Name, err)
