@@ -42,7 +42,6 @@ func (c *Controller) syncOrphanPod(ctx context.Context, key string) error {
 	if pod == nil || err != nil {
 		return err
 	}
-	ns, name := pod.Namespace, pod.Name
 	if !hasTrackingFinalizer(pod) {
 		return nil
 	}
@@ -50,7 +49,7 @@ func (c *Controller) syncOrphanPod(ctx context.Context, key string) error {
 		if informers.JobControllerRef(pod) == nil {
 			return nil // controlled by something other than a Job
 		}
-		gone, err := c.jobGone(ctx, ns, ref.Name, ref.UID)
+		gone, err := c.jobGone(ctx, pod.Namespace, ref.Name, ref.UID)
 		if err != nil {
 			return err
 		}
@@ -63,16 +62,28 @@ func (c *Controller) syncOrphanPod(ctx context.Context, key string) error {
 	// On the version this decision was made from: a Job may have adopted the pod since
 	// (claim.go), and the finalizer it gave the pod must stay. A newer version comes
 	// with its own update event, which enqueues the pod again if it is still an orphan.
-	err = c.patchPodNamed(ctx, ns, name, removeTrackingFinalizerAtPatch(pod.ResourceVersion))
-	if apierrors.IsConflict(err) {
-		logger.V(4).Info("The orphan pod changed since it was cached; looking again at its next version", "pod", klog.KObj(pod))
-		return nil
-	}
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("removing the tracking finalizer of orphan pod %s: %w", key, err)
+	if removed, err := c.removeOrphanFinalizer(ctx, pod); err != nil || !removed {
+		return err
 	}
 	logger.V(2).Info("Removed the tracking finalizer of a pod whose Job is gone", "pod", klog.KObj(pod))
 	return nil
+}
+
+// removeOrphanFinalizer removes the tracking finalizer of the orphan pod, on its version
+// pod.ResourceVersion only. removed is false when the pod changed since (a newer version
+// is looked at on its own) or is gone, neither of which is an error.
+func (c *Controller) removeOrphanFinalizer(ctx context.Context, pod *corev1.Pod) (removed bool, err error) {
+	err = c.patchPodNamed(ctx, pod.Namespace, pod.Name, removeTrackingFinalizerAtPatch(pod.ResourceVersion))
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsConflict(err):
+		klog.FromContext(ctx).V(4).Info("The orphan pod changed since it was read; looking again at its next version", "pod", klog.KObj(pod))
+		return false, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	}
+	return false, fmt.Errorf("removing the tracking finalizer of orphan pod %s: %w", klog.KObj(pod), err)
 }
 
 // removeTrackingFinalizerAtPatch is removeTrackingFinalizerPatch on the pod's version

@@ -120,11 +120,11 @@ func (c *Controller) syncStrayPod(ctx context.Context, key string) error {
 		}
 	}
 	// An orphan (no controller, or its Job is gone) that no cache shows: as orphans.go does.
-	err = c.patchPodNamed(ctx, ns, name, removeTrackingFinalizerAtPatch(pod.ResourceVersion))
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-		return fmt.Errorf("removing the tracking finalizer of orphan pod %s: %w", klog.KObj(pod), err)
+	removed, err := c.removeOrphanFinalizer(ctx, pod)
+	if err != nil {
+		return err
 	}
-	if err == nil {
+	if removed {
 		logger.V(2).Info("Removed the tracking finalizer of an orphan pod that left the pod cache", "pod", klog.KObj(pod))
 	}
 	resolve()
