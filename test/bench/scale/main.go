@@ -86,6 +86,8 @@ type config struct {
 	// taint; 0 leaves the API server's default (300 s).
 	kueueToleration time.Duration
 	shimQPS         int
+	// shimRecoverPods is coroner-shim's --recover-pods.
+	shimRecoverPods string
 	outageWait      time.Duration
 }
 
@@ -100,7 +102,7 @@ func main() {
 	}
 	c := config{nodes: 5000, window: 4 * time.Minute, fenceAfter: 2 * time.Minute,
 		binDir: filepath.Join(root, "_output", "bin"), jsonDir: filepath.Join(root, "_output", "bench"),
-		outageNodes: 600, down: 100, pods: 1000, builtinPods: 200, kueuePods: 200, shimQPS: 50, outageWait: 4 * time.Minute}
+		outageNodes: 600, down: 100, pods: 1000, builtinPods: 200, kueuePods: 200, shimQPS: 50, shimRecoverPods: "managed", outageWait: 4 * time.Minute}
 	fs := flag.NewFlagSet("bench-scale", flag.ContinueOnError)
 	scenariosFlag := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run, in this order: outage (a zone of nodes and their agents stop at once: pods replaced by coroner, by the built-in controller, and with Kueue's failure recovery), load (the agents' API writes at rest beside the kubelets')")
 	fs.IntVar(&c.outageNodes, "outage-nodes", c.outageNodes, "outage: simulated nodes (the issue's 5,000, with -down 500 -pods 10000 -builtin-pods 2000, saturated this 2-core machine's API server before the outage: docs/performance.md)")
@@ -110,6 +112,7 @@ func main() {
 	fs.IntVar(&c.kueuePods, "kueue-pods", c.kueuePods, "outage: pods of the built-in controller's Jobs with podReplacementPolicy Failed, opted in to Kueue's failure recovery (Kueue's manager runs, FailureRecoveryPolicy on); 0 runs none, and no Kueue")
 	fs.DurationVar(&c.kueueToleration, "kueue-toleration", 0, "outage: the kueue group's pods' tolerationSeconds for the NoExecute unreachable taint; 0: the API server's default (300s), as the other groups'")
 	fs.IntVar(&c.shimQPS, "shim-qps", c.shimQPS, "outage: coroner-shim's --kube-api-qps (its default 50; burst twice that)")
+	fs.StringVar(&c.shimRecoverPods, "shim-recover-pods", c.shimRecoverPods, "outage: coroner-shim's --recover-pods: managed (only its Jobs' pods); all (every opted-in pod, whose other controllers' pods it watches per node tainted unreachable: one list and watch per dark node; needs --kueue-pods=0, or the shim would recover the kueue group's opted-in pods too)")
 	fs.DurationVar(&c.outageWait, "outage-wait", c.outageWait, "outage: how long after the outage to wait for the replacements")
 	fs.IntVar(&c.nodes, "nodes", c.nodes, "load: simulated nodes (kwok)")
 	fs.DurationVar(&c.window, "window", c.window, "each measuring window of the load scenario (the kubelets alone, then with the agents); at least 1m")
@@ -158,6 +161,12 @@ func main() {
 	}
 	if c.kueueToleration < 0 || c.kueueToleration%time.Second != 0 {
 		bad = append(bad, fmt.Sprintf("--kueue-toleration=%v: want whole seconds, 0 or more", c.kueueToleration))
+	}
+	if c.shimRecoverPods != "managed" && c.shimRecoverPods != "all" {
+		bad = append(bad, fmt.Sprintf("--shim-recover-pods=%q: want managed or all", c.shimRecoverPods))
+	}
+	if c.shimRecoverPods == "all" && c.kueuePods > 0 {
+		bad = append(bad, fmt.Sprintf("--shim-recover-pods=all with --kueue-pods=%d: the shim would recover the kueue group's opted-in pods too; set --kueue-pods=0", c.kueuePods))
 	}
 	if c.shimQPS < 1 {
 		bad = append(bad, fmt.Sprintf("--shim-qps=%d: want at least 1", c.shimQPS))

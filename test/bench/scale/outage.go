@@ -152,7 +152,7 @@ func slotKey(ns, job, index string) string { return ns + "/" + job + "/" + index
 func runOutage(ctx context.Context, c config) error {
 	began := time.Now()
 	c.nodes = c.outageNodes // its own size: the agents, startFencers and the rest read c.nodes
-	res := outageResult{Nodes: c.nodes, Down: c.down, FenceAfter: c.fenceAfter.String(), ShimQPS: c.shimQPS, Wait: c.outageWait.String(), Setup: map[string]any{}}
+	res := outageResult{Nodes: c.nodes, Down: c.down, FenceAfter: c.fenceAfter.String(), ShimQPS: c.shimQPS, Wait: c.outageWait.String(), Setup: map[string]any{"shimRecoverPods": c.shimRecoverPods}}
 	if c.kueuePods > 0 && c.kueueToleration > 0 {
 		res.KueueToleration = c.kueueToleration.String()
 	}
@@ -685,7 +685,7 @@ func startShim(ctx context.Context, env *harness.Env, bin string, c config, coun
 		"--kube-api-qps="+strconv.Itoa(c.shimQPS),
 		"--kube-api-burst="+strconv.Itoa(2*c.shimQPS),
 		"--agent-namespace="+agentNamespace,
-		"--recover-pods=managed",
+		"--recover-pods="+c.shimRecoverPods,
 	)
 	return host.StartCommand(env.Dir, "coroner-shim", cmd)
 }
