@@ -363,7 +363,11 @@ func runOutage(ctx context.Context, c config) error {
 			if s1, err = scrapeRequests(ctx, cs); err != nil {
 				return err
 			}
-			fmt.Printf("  %v: every coroner pod replaced; waiting for the built-in controller and Kueue until %v after the outage\n", time.Since(t0).Round(time.Second), c.outageWait)
+			others := "the built-in controller and Kueue"
+			if c.kueuePods == 0 {
+				others = "the built-in controller"
+			}
+			fmt.Printf("  %v: every coroner pod replaced; waiting for %s until %v after the outage\n", time.Since(t0).Round(time.Second), others, c.outageWait)
 		}
 		if time.Since(lastPrint) >= 30*time.Second {
 			lastPrint = time.Now()
