@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -108,7 +109,7 @@ func (c *Controller) syncStrayPod(ctx context.Context, key string) error {
 	if ref != nil {
 		job := c.inf.CachedJobOf(pod)
 		if job != nil && c.ours(job) {
-			return c.claimStray(ctx, pod, job.DeletionTimestamp != nil || matches(jobSelector(job), pod), resolve)
+			return c.claimStray(ctx, pod, job, job.DeletionTimestamp != nil || matches(jobSelector(job), pod), resolve)
 		}
 		gone, err := c.jobGone(ctx, ns, ref.Name, ref.UID)
 		if err != nil {
@@ -131,11 +132,10 @@ func (c *Controller) syncStrayPod(ctx context.Context, key string) error {
 	return nil
 }
 
-// claimStray labels pod, a stray of a managed Job, coroner.dev/managed again when keep,
-// and releases it otherwise.
-func (c *Controller) claimStray(ctx context.Context, pod *corev1.Pod, keep bool, resolve func()) error {
+// claimStray labels pod, a stray of the managed Job job, coroner.dev/managed again when
+// keep, and releases it otherwise.
+func (c *Controller) claimStray(ctx context.Context, pod *corev1.Pod, job *batchv1.Job, keep bool, resolve func()) error {
 	logger := klog.FromContext(ctx)
-	job := c.inf.CachedJobOf(pod)
 	if keep {
 		err := c.patchPod(ctx, pod, managedLabelPatch(pod.UID))
 		switch {

@@ -39,7 +39,9 @@ type nodeWatch struct {
 	inf  cache.SharedIndexInformer
 	// stop stops the informer; nil until it is started.
 	stop context.CancelFunc
-	// keys are the pods (namespace/name) this watch put in nodeWatches.podNode.
+	// keys are the pods (namespace/name) this watch put in nodeWatches.podNode. Not derived
+	// from the informer's store when the watch stops: the store runs ahead of the handlers,
+	// so a pod deleted from it may still be in podNode.
 	keys map[string]struct{}
 }
 
