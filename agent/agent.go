@@ -28,6 +28,7 @@ import (
 	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/agent/fence"
 	"github.com/coroner-dev/coroner/agent/kmsg"
+	"github.com/coroner-dev/coroner/agent/ledger"
 	"github.com/coroner-dev/coroner/agent/metrics"
 	"github.com/coroner-dev/coroner/agent/stamper"
 	"github.com/coroner-dev/coroner/conditions"
@@ -156,9 +157,9 @@ type Agent struct {
 	// logger is for the informer's handlers, which have no context; Run sets it.
 	logger klog.Logger
 
-	// table is the per-container state: the containers, the runtime's states of the
+	// ledger is the per-container state: the containers, the runtime's states of the
 	// pods' containers, the kernel's kills and what they taught (its own lock).
-	table *containerTable
+	ledger *ledger.Ledger
 
 	// mu guards gone and reasonSeen, and nothing else.
 	mu sync.Mutex
@@ -217,7 +218,7 @@ func New(cfg Config) (*Agent, error) {
 		clock:      cfg.Clock,
 		metrics:    cfg.Metrics,
 		logger:     klog.Background(),
-		table:      newContainerTable(pids),
+		ledger:     ledger.New(pids),
 		gone:       map[types.UID]goneRecord{},
 		reasonSeen: map[types.UID]time.Time{},
 		history:    exithistory.Limits{MaxEntries: cfg.ExitHistorySize},

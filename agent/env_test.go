@@ -187,10 +187,8 @@ func (e *testEnv) cached(uid types.UID) func() bool {
 // exit and its OOM events.
 func (e *testEnv) containerDone(id string) func() bool {
 	return func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		c := e.a.table.containers[id]
-		return c != nil && c.exitDone && c.oomHandled == len(c.ooms)
+		c, ok := e.a.ledger.Container(id)
+		return ok && c.Done()
 	}
 }
 
@@ -252,16 +250,12 @@ func exited(pod *corev1.Pod, container, id string, code int32, reason string) cr
 // exit may be classified first and wait KernelWait on a fake clock nobody steps.
 func (e *testEnv) kernelReports(kills ...kmsg.OOMKill) {
 	e.t.Helper()
-	e.a.table.mu.Lock()
-	read := len(e.a.table.kernel.kills)
-	e.a.table.mu.Unlock()
+	read := e.a.ledger.Kernel().Kills
 	for _, k := range kills {
 		e.kernel <- k
 	}
 	e.until("the kernel kills read", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		return len(e.a.table.kernel.kills) == read+len(kills)
+		return e.a.ledger.Kernel().Kills == read+len(kills)
 	})
 }
 

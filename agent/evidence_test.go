@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/coroner-dev/coroner/agent/ledger"
 	"github.com/coroner-dev/coroner/agent/metrics"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/cri"
@@ -30,10 +31,8 @@ func (e *testEnv) oomWithoutKernelReport(p *corev1.Pod, id string) {
 	e.writeCgroup(cg, 0, 0, 20<<20, 1<<20, 99)
 	e.src.Send(event(cri.Started, p, "main", id))
 	e.until("the start reading", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		c := e.a.table.containers[id]
-		return c != nil && c.podAtStart != nil
+		c, ok := e.a.ledger.Container(id)
+		return ok && c.StartRead
 	})
 	e.writeCgroup(cg, 1, 12, 20<<20, 20<<20, 99)
 	e.writeCgroup(podCgroup(p.UID), 1, 12, 0, 20<<20)
@@ -41,10 +40,8 @@ func (e *testEnv) oomWithoutKernelReport(p *corev1.Pod, id string) {
 	oom.OOMAt = t0
 	e.src.Send(oom)
 	e.until("waiting for the kernel", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		c := e.a.table.containers[id]
-		return c != nil && c.kernelWaited[itemOOM]
+		c, ok := e.a.ledger.Container(id)
+		return ok && c.KernelWaited[ledger.OOM]
 	})
 }
 
@@ -129,7 +126,7 @@ func TestStaticPodMirrorStamped(t *testing.T) {
 	if v := metrics.Value(e.m.DroppedEvents); v != 0 {
 		t.Errorf("dropped = %v, want 0", v)
 	}
-	if n := len(e.a.table.observedStates(runtimeUID(e.a.podByUID(mirror.UID)))); n != 1 {
+	if n := len(e.a.ledger.Observed(runtimeUID(e.a.podByUID(mirror.UID)))); n != 1 {
 		t.Errorf("the pod-level decision sees %d runtime states, want 1", n)
 	}
 }
@@ -216,10 +213,8 @@ func TestLateOOMEvidence(t *testing.T) {
 	e.writeCgroup(podCgroup(uid), 0, 12, 0, 20<<20)
 	e.src.Send(exited(p, "main", id, 137, "Error"))
 	e.until("the exit waiting for evidence", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		c := e.a.table.containers[id]
-		return c != nil && c.kernelWaited[itemExit]
+		c, ok := e.a.ledger.Container(id)
+		return ok && c.KernelWaited[ledger.Exit]
 	})
 	oom := event(cri.OOM, p, "main", id)
 	oom.OOMAt = t0
@@ -234,10 +229,8 @@ func TestLateOOMEvidence(t *testing.T) {
 	other := containerID(41)
 	e.src.Send(exited(killed, "main", other, 137, "Error"))
 	e.until("the kill waiting for evidence", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		c := e.a.table.containers[other]
-		return c != nil && c.kernelWaited[itemExit]
+		c, ok := e.a.ledger.Container(other)
+		return ok && c.KernelWaited[ledger.Exit]
 	})
 	e.stepUntil("the kill classified", 50*time.Millisecond, e.containerDone(other))
 	if v := metrics.Value(e.m.ContainerExits.WithLabelValues(metrics.VerdictNotOOM)); v != 1 {
@@ -260,10 +253,8 @@ func (e *testEnv) startedWith20MiB(p *corev1.Pod, id string, pid int) string {
 	e.writeCgroup(cg, 0, 0, 20<<20, 1<<20, pid)
 	e.src.Send(event(cri.Started, p, "main", id))
 	e.until("the start reading", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		c := e.a.table.containers[id]
-		return c != nil && c.podAtStart != nil && len(c.pids) == 1
+		c, ok := e.a.ledger.Container(id)
+		return ok && c.StartRead && c.PIDs == 1
 	})
 	return cg
 }

@@ -58,22 +58,18 @@ func TestKindSharedKernel(t *testing.T) {
 		e.src.Send(kindEvent(cri.Started, p, id, pids[p]))
 	}
 	e.until("the containers known", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		return len(e.a.table.containers) == 3 && e.a.table.containers[ids[lone]].runtimePID == 4243
+		c, _ := e.a.ledger.Container(ids[lone])
+		return e.a.ledger.Len() == 3 && c.RuntimePID == 4243
 	})
 	kills := kernelTestdata(t, "constructed-kind-two-nodes.txt")
 	for _, k := range kills {
 		e.kernel <- k
 	}
 	e.until("the kernel kills read and the prefix learned", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		return len(e.a.table.kernel.kills) == len(kills) && e.a.table.pids.PrefixKnown
+		k := e.a.ledger.Kernel()
+		return k.Kills == len(kills) && k.PIDs.PrefixKnown
 	})
-	e.a.table.mu.Lock()
-	prefix := e.a.table.pids.HostPrefix
-	e.a.table.mu.Unlock()
+	prefix := e.a.ledger.Kernel().PIDs.HostPrefix
 	if want := "/system.slice/docker-b2b75b11f95220f9267e53d48df2d654d585405c36b4c752302ab39da59d74e6.scope"; prefix != want {
 		t.Fatalf("host prefix %q, want %q", prefix, want)
 	}
@@ -120,10 +116,8 @@ func TestRateLimitedKillOrdinaryNode(t *testing.T) {
 	start.PID = 5101
 	e.src.Send(start)
 	e.until("the start reading", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		c := e.a.table.containers[id]
-		return c != nil && c.podAtStart != nil
+		c, ok := e.a.ledger.Container(id)
+		return ok && c.StartRead
 	})
 	// dmesg-ratelimited-burst.txt's first line: "Memory cgroup out of memory: Killed
 	// process 5101 (worker) ...", no summary.

@@ -27,9 +27,8 @@ func TestReplayedExitWaitsForTheKernelBacklog(t *testing.T) {
 	ev.Source = cri.SourceRelist
 	e.src.Send(ev)
 	e.until("the exit seen", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		return e.a.table.containers[id] != nil && e.a.table.containers[id].exit != nil
+		c, ok := e.a.ledger.Container(id)
+		return ok && c.Exited
 	})
 	for range 5 {
 		e.clk.Step(50 * time.Millisecond)
@@ -98,10 +97,8 @@ func TestOOMCountedBeforeTheStart(t *testing.T) {
 	e2.writeCgroup(cg, 1, 30, 20<<20, 20<<20, 4242)
 	e2.src.Send(event(cri.Started, stamped, "main", id))
 	e2.stepUntil("the OOM classified", 20*time.Millisecond, func() bool {
-		e2.a.table.mu.Lock()
-		defer e2.a.table.mu.Unlock()
-		c := e2.a.table.containers[id]
-		return c != nil && len(c.ooms) == 1 && c.oomHandled == 1
+		c, ok := e2.a.ledger.Container(id)
+		return ok && c.OOMs == 1 && c.OOMsHandled == 1
 	})
 	for range 10 {
 		e2.clk.Step(20 * time.Millisecond)
@@ -123,14 +120,11 @@ func TestFreshContainerIsNotAnOOM(t *testing.T) {
 	e.writeCgroup(podCgroup(uid)+"/"+id, 0, 0, 20<<20, 1<<20, 4242)
 	e.src.Send(event(cri.Started, p, "main", id))
 	e.until("the start reading", func() bool {
-		e.a.table.mu.Lock()
-		defer e.a.table.mu.Unlock()
-		c := e.a.table.containers[id]
-		return c != nil && c.podAtStart != nil
+		c, ok := e.a.ledger.Container(id)
+		return ok && c.StartRead
 	})
-	e.a.table.mu.Lock()
-	n := len(e.a.table.containers[id].ooms)
-	e.a.table.mu.Unlock()
+	c, _ := e.a.ledger.Container(id)
+	n := c.OOMs
 	if n != 0 {
 		t.Errorf("%d OOM events for a fresh container", n)
 	}

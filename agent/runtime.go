@@ -1,8 +1,7 @@
 package agent
 
-// Following the runtime: its metrics, the garbage collection of what is kept about
-// containers that are gone, and facts about the runtime and the PID namespace the agent
-// runs in.
+// Following the runtime: its connection and metrics, and facts about the runtime and the
+// PID namespace the agent runs in.
 
 import (
 	"context"
@@ -10,8 +9,6 @@ import (
 	"os"
 	"strings"
 	"time"
-
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/coroner-dev/coroner/cri"
 )
@@ -47,40 +44,6 @@ func (a *Agent) watchRuntime(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C():
-		}
-	}
-}
-
-// collectGarbage forgets finished containers and old tombstones, once a minute.
-func (a *Agent) collectGarbage(ctx context.Context) {
-	tick := a.clock.NewTicker(time.Minute)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C():
-		}
-		a.gc(a.clock.Now())
-	}
-}
-
-// How long finished containers and tombstones are remembered: long enough for a late OOM
-// event, a relist after a runtime restart, and a watch far behind.
-const (
-	containerTTL = 5 * time.Minute
-	goneTTL      = 10 * time.Minute
-)
-
-// gc forgets what is kept about containers that are gone (containerTable.gc) and old
-// tombstones.
-func (a *Agent) gc(now time.Time) {
-	a.table.gc(now, func(uid types.UID) bool { return a.podByUID(uid) != nil })
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for uid, g := range a.gone {
-		if now.Sub(g.at) > goneTTL {
-			delete(a.gone, uid)
 		}
 	}
 }
