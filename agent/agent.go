@@ -1,5 +1,12 @@
 package agent
 
+// The Agent: its Config, its pieces wired together (New), their goroutines (Run) and the
+// drain at shutdown. Run starts the flow, which goes one way: the runtime's events
+// (events.go), the kernel's kills (kernel.go) and the pod cache's events (pods.go) into
+// the ledger (agent/ledger) and the queue (queue.go); the work (work.go) from the ledger
+// to the classification (agent/classify) to the stamps (stamps.go, podsync.go), which
+// the stamper (agent/stamper) writes.
+
 import (
 	"context"
 	"errors"
@@ -44,23 +51,9 @@ const (
 	DefaultKernelWait   = 250 * time.Millisecond
 	DefaultPodCacheWait = 2 * time.Second
 	DefaultPodWaitMax   = time.Minute
-	// KernelBacklogWait bounds the wait for the kernel log's backlog at the start (see
-	// Config.KernelCaughtUp).
-	KernelBacklogWait = 5 * time.Second
 	// DefaultShutdownGrace is --shutdown-grace-period's default, under the DaemonSet's
 	// terminationGracePeriodSeconds (15).
 	DefaultShutdownGrace = 10 * time.Second
-)
-
-// uidIndex indexes the pod cache by metadata.uid: containers name their pod by UID.
-// mirrorIndex indexes mirror pods by the UID their static pod has on the node: the
-// kubelet's config hash, which is the CRI pod UID label (io.kubernetes.pod.uid) and
-// the pod<hash> of the pod's cgroup, and which the mirror pod carries in the
-// annotation kubernetes.io/config.mirror (its metadata.uid is another, the API
-// server's).
-const (
-	uidIndex    = "uid"
-	mirrorIndex = "mirror"
 )
 
 // Config configures an Agent. NodeName, Client and Source are required.
@@ -171,7 +164,7 @@ type Agent struct {
 
 	// kernelReady: the kernel log's backlog has been consumed (or there is none to
 	// wait for): see Config.KernelCaughtUp. It is set after the backlog's kills are in
-	// the table, so that a classification that sees it set also sees them.
+	// the ledger, so that a classification that sees it set also sees them.
 	kernelReady atomic.Bool
 	// started is when Run started.
 	started time.Time
@@ -251,20 +244,7 @@ func New(cfg Config) (*Agent, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("agent: setting the pod cache's transform: %w", err)
 	}
-	if err := a.informer.AddIndexers(cache.Indexers{
-		uidIndex: func(obj any) ([]string, error) {
-			if pod, ok := obj.(*corev1.Pod); ok {
-				return []string{string(pod.UID)}, nil
-			}
-			return nil, nil
-		},
-		mirrorIndex: func(obj any) ([]string, error) {
-			if pod, ok := obj.(*corev1.Pod); ok && pod.Annotations[corev1.MirrorPodAnnotationKey] != "" {
-				return []string{pod.Annotations[corev1.MirrorPodAnnotationKey]}, nil
-			}
-			return nil, nil
-		},
-	}); err != nil {
+	if err := a.informer.AddIndexers(podIndexers()); err != nil {
 		return nil, fmt.Errorf("agent: adding the pod index: %w", err)
 	}
 	if _, err := a.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{

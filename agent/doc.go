@@ -24,15 +24,17 @@
 //     config hash (the CRI label io.kubernetes.pod.uid, the cgroup's pod<hash>), which
 //     the mirror pod carries in kubernetes.io/config.mirror; the mirror pod is the one
 //     stamped;
-//   - the container table (containerTable, agent/table.go): what the agent knows of each
-//     container, the runtime's states of its pods' containers, and the kernel's kills
-//     with what they taught (the host prefix, the PID facts), under a lock of its own and
-//     changed only by its named transitions, each one locking once. The agent's own lock
+//   - the ledger (agent/ledger): what the agent knows of each container, the runtime's
+//     states of its pods' containers, and the evidence of other sources (the kernel's
+//     kills, with what they taught: the host prefix, the PID facts) with their
+//     time-to-live, under a lock of its own and changed only by its named transitions,
+//     each one locking once. It is plain bookkeeping, fed plain values (events, cgroup
+//     readings, kills, the time), and knows nothing of the Agent. The agent's own lock
 //     guards only the pods known gone and when a pod's status.reason was first seen; the
 //     two are never held together;
 //   - a work queue (client-go's delaying queue, on the agent's clock) of exits, OOM
 //     kills and pod decisions, handled by Workers goroutines: each exit or OOM item is
-//     looked up in the table, its pod found, a snapshot of its container taken and
+//     looked up in the ledger, its pod found, a snapshot of its container taken and
 //     classified with no lock held, and the item claimed by one transition before its
 //     stamps are requested;
 //   - the stamper (agent/stamper), which batches, deduplicates and writes the stamps
@@ -101,7 +103,7 @@
 // its containers' IDs (or, for a layout without IDs, its runtime path, with the host
 // prefix once known), and never when its oom_memcg cannot be above that container; the
 // pod comes from the agent's own cache of its node's pods. The host prefix is learned
-// from the first kill that names one of the node's containers (learnLocked). Kill lines
+// from the first kill that names one of the node's containers (the ledger's learnKillLocked). Kill lines
 // that name only a PID (a rate-limited report) are matched by the PIDs
 // classify.TrustedPIDs allows: the runtime's init PID of the container unless the node
 // is evidently nested (a non-empty host prefix, or a kill of a single-process container

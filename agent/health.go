@@ -1,5 +1,8 @@
 package agent
 
+// Health: the readiness (/readyz, the runtime answers) and liveness (/healthz) checks and
+// their handler.
+
 import (
 	"errors"
 	"fmt"

@@ -10,6 +10,10 @@ import (
 	"github.com/coroner-dev/coroner/agent/kmsg"
 )
 
+// KernelBacklogWait bounds the wait for the kernel log's backlog at the start (see
+// Config.KernelCaughtUp).
+const KernelBacklogWait = 5 * time.Second
+
 // consumeKernel keeps the kernel's OOM kills until ctx is done. (An OOM kill whose line
 // has not been read yet when it is classified waits for it once: see Config.KernelWait.)
 // When Config.KernelCaughtUp is closed, the kills already buffered (the rest of the

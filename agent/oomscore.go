@@ -1,5 +1,7 @@
 package agent
 
+// The agent's own OOM score (oom_score_adj), so that a node OOM kills it last.
+
 import (
 	"fmt"
 	"os"

@@ -1,5 +1,7 @@
 package agent
 
+// The agent's flags: Options, their defaults, completion and validation.
+
 import (
 	"errors"
 	"fmt"

@@ -9,9 +9,39 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/coroner-dev/coroner/agent/metrics"
 )
+
+// uidIndex indexes the pod cache by metadata.uid: containers name their pod by UID.
+// mirrorIndex indexes mirror pods by the UID their static pod has on the node: the
+// kubelet's config hash, which is the CRI pod UID label (io.kubernetes.pod.uid) and
+// the pod<hash> of the pod's cgroup, and which the mirror pod carries in the
+// annotation kubernetes.io/config.mirror (its metadata.uid is another, the API
+// server's).
+const (
+	uidIndex    = "uid"
+	mirrorIndex = "mirror"
+)
+
+// podIndexers are the pod cache's indexes (uidIndex, mirrorIndex).
+func podIndexers() cache.Indexers {
+	return cache.Indexers{
+		uidIndex: func(obj any) ([]string, error) {
+			if pod, ok := obj.(*corev1.Pod); ok {
+				return []string{string(pod.UID)}, nil
+			}
+			return nil, nil
+		},
+		mirrorIndex: func(obj any) ([]string, error) {
+			if pod, ok := obj.(*corev1.Pod); ok && pod.Annotations[corev1.MirrorPodAnnotationKey] != "" {
+				return []string{pod.Annotations[corev1.MirrorPodAnnotationKey]}, nil
+			}
+			return nil, nil
+		},
+	}
+}
 
 // podByUID returns the cached pod with uid, nil when there is none. uid is the pod's
 // metadata.uid, or for a static pod the UID the node knows it by (its config hash, the

@@ -37,7 +37,7 @@ func (a *Agent) processNext(ctx context.Context) bool {
 // processContainer classifies a container's exit (itemExit) or an OOM kill in it that it
 // may survive (itemOOM), and hands the stamps to the stamper. Once the item's pod is
 // found (podFor) and the kernel log's backlog read, it takes a snapshot of the
-// container's state from the table, classifies it without a lock, and either waits once
+// container's state from the ledger, classifies it without a lock, and either waits once
 // for late evidence or claims the item (finishExit, finishOOM) and requests its stamps.
 //
 // An OOM kill of a container that keeps running is stamped only when its verdict is a
