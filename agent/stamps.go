@@ -29,7 +29,7 @@ func (a *Agent) exitClassified(logger klog.Logger, pod *corev1.Pod, ref stamper.
 	// An exit from before the agent started (the first relist replays them) is
 	// classified like any other: the runtime's reason, and the kernel's kill line, read
 	// from the oldest record of the ring buffer (Config.KernelCaughtUp), place it; its
-	// cgroup is gone. It is not counted as an OOM kill nobody could place (finishExit):
+	// cgroup is gone. It is not counted as an OOM kill nobody could place (ledger.FinishExit):
 	// an earlier run of the agent may have counted it already.
 	x := claim.Exit
 	e := classify.Exit{Container: x.ContainerName, ContainerID: x.ContainerID, ExitCode: x.ExitCode, Reason: x.Reason,

@@ -35,10 +35,17 @@ func (a *Agent) processNext(ctx context.Context) bool {
 }
 
 // processContainer classifies a container's exit (itemExit) or an OOM kill in it that it
-// may survive (itemOOM), and hands the stamps to the stamper. Once the item's pod is
-// found (podFor) and the kernel log's backlog read, it takes a snapshot of the
-// container's state from the ledger, classifies it without a lock, and either waits once
-// for late evidence or claims the item (finishExit, finishOOM) and requests its stamps.
+// may survive (itemOOM), and hands the stamps to the stamper, in this order:
+//
+//  1. the ledger says whether the item still has work (Pending), and who the container is;
+//  2. its pod is found (podFor), or the item waits or is dropped;
+//  3. the kernel log's backlog is read (or the item waits for it);
+//  4. a snapshot of the container's state is taken from the ledger and classified
+//     (classify.ClassifyOOM) without a lock;
+//  5. the item waits once for late evidence (KernelWait), or the ledger claims it
+//     (FinishExit, FinishOOM) and says what to count;
+//  6. the verdict's stamps (stamps.go) go to the stamper, and an exit queues its pod's
+//     decision (podsync.go).
 //
 // An OOM kill of a container that keeps running is stamped only when its verdict is a
 // limit OOM (coroner.dev/OOMKilled: the workload went over its own limit, whether its
@@ -46,7 +53,8 @@ func (a *Agent) processNext(ctx context.Context) bool {
 // it exits, since a DisruptionTarget on a pod that goes on running would claim a
 // disruption that is not happening. The exit history (A5) records exits only.
 func (a *Agent) processContainer(ctx context.Context, it item) {
-	ev, ok := a.ledger.Pending(it.id, it.ledgerItem())
+	kind := it.ledgerItem()
+	ev, ok := a.ledger.Pending(it.id, kind)
 	if !ok {
 		return
 	}
@@ -64,14 +72,14 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 		a.queue.AddAfter(it, 50*time.Millisecond)
 		return
 	}
-	snap, ok := a.ledger.Snapshot(it.id, it.ledgerItem())
+	snap, ok := a.ledger.Snapshot(it.id, kind)
 	if !ok {
 		return
 	}
 	v := classify.ClassifyOOM(snap.Facts)
 	if waitForEvidence(v, snap.Facts, it.kind, a.cfg.Kernel != nil) && !snap.KernelWaited && !a.draining.Load() {
 		// The kernel's report is the best evidence; its reader may be a moment behind.
-		a.ledger.KernelWait(it.id, it.ledgerItem())
+		a.ledger.KernelWait(it.id, kind)
 		a.queue.AddAfter(it, a.cfg.KernelWait)
 		return
 	}

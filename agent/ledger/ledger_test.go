@@ -108,7 +108,7 @@ func TestLedgerEvents(t *testing.T) {
 	}
 }
 
-// TestLedgerFinish: finishExit and finishOOM claim their work once, and say what to count.
+// TestLedgerFinish: FinishExit and FinishOOM claim their work once, and say what to count.
 func TestLedgerFinish(t *testing.T) {
 	started := t0
 	for _, tc := range []struct {
@@ -186,7 +186,7 @@ func TestLedgerFinish(t *testing.T) {
 	}
 }
 
-// TestLedgerFinishOOMTimes: finishOOM hands the first and the last OOM event not
+// TestLedgerFinishOOMTimes: FinishOOM hands the first and the last OOM event not
 // classified before.
 func TestLedgerFinishOOMTimes(t *testing.T) {
 	tb := New(classify.PIDFacts{})
@@ -323,7 +323,7 @@ func TestLedgerSnapshot(t *testing.T) {
 	}
 	c := tb.containers[id]
 	if c.podLast.OOMKill != 1 || c.pids[0] != 42 || tb.evidence.kernel.recs[0].rec.PID != 42 {
-		t.Error("the snapshot shares the table's memory")
+		t.Error("the snapshot shares the ledger's memory")
 	}
 }
 
@@ -358,8 +358,8 @@ func TestLedgerObserved(t *testing.T) {
 	}
 }
 
-// TestLedgerGC: what gc forgets.
-func TestLedgerGC(t *testing.T) {
+// TestLedgerExpire: what Expire forgets.
+func TestLedgerExpire(t *testing.T) {
 	tb := New(classify.PIDFacts{})
 	tb.apply(tableEvent(cri.Exited, 1), t0, Reading{})
 	tb.FinishExit(containerID(1), t0, t0, false)
