@@ -1,5 +1,8 @@
 package agent
 
+// Tests of the agent end to end on fakes: exits and OOM kills stamped, pods waited for or
+// dropped, the stamper's batching and retries, terminal phases, the exit history, health.
+
 import (
 	"context"
 	"errors"

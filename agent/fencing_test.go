@@ -1,5 +1,7 @@
 package agent
 
+// Tests of the fencer's wiring into the agent (Config.Fencing).
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,8 @@
 package agent
 
+// Tests of nested nodes and shared kernels: whose kernel kills are the node's, and which
+// PIDs a kill line may be matched by.
+
 import (
 	"os"
 	"strings"

@@ -1,5 +1,7 @@
 package agent
 
+// Tests of the agent's own OOM score.
+
 import (
 	"os"
 	"os/exec"

@@ -1,5 +1,7 @@
 package agent
 
+// Tests of the agent's flags.
+
 import (
 	"strings"
 	"testing"

@@ -1,5 +1,8 @@
 package agent
 
+// Tests of what happened while the agent was not looking: replayed exits, the kernel log's
+// backlog, OOM kills counted before the start.
+
 import (
 	"testing"
 	"time"

@@ -1,5 +1,7 @@
 package agent
 
+// Tests of native sidecars' exits in the exit history.
+
 import (
 	"testing"
 	"time"

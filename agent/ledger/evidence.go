@@ -15,16 +15,21 @@ package ledger
 //     a cgroup path or a PID (the kernel's kills), a pod UID and container name (a pod's
 //     status), a device ID (an Xid line, joined to containers through the device IDs
 //     their pod's status lists);
-//  2. a recent[R] of it in evidence, with its TTL and bound beside KernelTTL and
-//     KernelMax, trimmed in evidence.expire;
+//  2. where evidence keeps it, with its TTL and bound beside KernelTTL and KernelMax,
+//     trimmed in evidence.expire: a recent[R] for records that are events (a kill, an
+//     Xid line: each one counts, in the order read); a map by its key for records that
+//     are states (a device's health in a pod's status: the newer replaces the older);
 //  3. a Learn method (LearnKill is the kernel's) that keeps a record and joins it to the
 //     containers it names, and a line in joinLocked that joins the records read before a
 //     container became known once Observe learns who it is;
-//  4. what a classification gets of it, copied in evidence.addFacts (the classification,
-//     agent/classify, gets a field for it and a rule that reads it).
+//  4. what a classification gets of it, copied: into classify.OOMFacts in
+//     evidence.addFacts when it weighs on an OOM verdict; a verdict of its own (a device
+//     failure, not an OOM kill) takes facts of its own, built from the same container
+//     and evidence beside factsLocked (items.go), with a Snapshot of its own.
 //
 // The agent feeds the new source's stream to its Learn method the way it feeds the
-// kernel's to LearnKill (agent/kernel.go); nothing else in the ledger changes.
+// kernel's to LearnKill (agent/kernel.go). The containers, the work items and their
+// claims (ledger.go, events.go, items.go) do not change.
 
 import (
 	"time"

@@ -395,3 +395,39 @@ func TestLedgerExpire(t *testing.T) {
 		t.Errorf("kernel kills kept %+v, want the newer one", tb.evidence.kernel.recs)
 	}
 }
+
+// TestLedgerLateOOMEvent: containerd's OOM event that comes after the exit, while the exit
+// waits for late evidence, is queued, reaches the exit's snapshot, and is claimed with the
+// exit: the OOM item then finds nothing left.
+func TestLedgerLateOOMEvent(t *testing.T) {
+	tb := New(classify.PIDFacts{})
+	id := containerID(1)
+	tb.apply(tableEvent(cri.Started, 1), t0, Reading{})
+	exit := tableEvent(cri.Exited, 1)
+	exit.ExitCode, exit.Reason, exit.FinishedAt = 137, "Error", t0
+	tb.apply(exit, t0, Reading{})
+	s, _ := tb.Snapshot(id, Exit)
+	if s.Facts.TaskOOM || s.KernelWaited {
+		t.Fatalf("before the OOM event: TaskOOM %v, waited %v", s.Facts.TaskOOM, s.KernelWaited)
+	}
+	tb.KernelWait(id, Exit)
+
+	oom := tableEvent(cri.OOM, 1)
+	oom.OOMAt = t0.Add(-time.Millisecond)
+	if !tb.apply(oom, t0.Add(time.Millisecond), Reading{Mem: memWith(1, 20<<20, 20<<20)}) {
+		t.Error("the OOM event after the exit, not classified yet, was not queued")
+	}
+	s, _ = tb.Snapshot(id, Exit)
+	if !s.Facts.TaskOOM || !s.KernelWaited || s.Facts.Counters == nil || s.Facts.Counters.OOMKill != 1 || s.Facts.ExitCode != 137 {
+		t.Errorf("the exit's snapshot after the OOM event: %+v, waited %v", s.Facts, s.KernelWaited)
+	}
+	if _, ok := tb.FinishExit(id, t0.Add(time.Second), t0.Add(-time.Hour), false); !ok {
+		t.Fatal("the exit was not claimed")
+	}
+	if _, ok := tb.FinishOOM(id, false); ok {
+		t.Error("the OOM events were claimed again after the exit took them")
+	}
+	if st, _ := tb.Container(id); !st.Done() || st.OOMs != 1 {
+		t.Errorf("status %+v, want done with 1 OOM event", st)
+	}
+}
