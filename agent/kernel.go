@@ -1,18 +1,14 @@
 package agent
 
 // The kernel's OOM kills in: the kernel log reader's feed into the ledger (its evidence),
-// and whether its backlog has been read, which classifications wait for (work.go).
+// and the mark that its backlog has been read (kernelReady), which classifications wait
+// for (work.go).
 
 import (
 	"context"
-	"time"
 
 	"github.com/coroner-dev/coroner/agent/kmsg"
 )
-
-// KernelBacklogWait bounds the wait for the kernel log's backlog at the start (see
-// Config.KernelCaughtUp).
-const KernelBacklogWait = 5 * time.Second
 
 // consumeKernel keeps the kernel's OOM kills until ctx is done. (An OOM kill whose line
 // has not been read yet when it is classified waits for it once: see Config.KernelWait.)
@@ -61,10 +57,3 @@ func (a *Agent) addKill(k kmsg.OOMKill) {
 }
 
 func (a *Agent) setKernelReady() { a.kernelReady.Store(true) }
-
-// waitKernelBacklog reports whether a classification should wait for the kernel log's
-// backlog: it has not been consumed yet, and the start was less than
-// KernelBacklogWait ago.
-func (a *Agent) waitKernelBacklog(now time.Time) bool {
-	return !a.kernelReady.Load() && now.Sub(a.started) < KernelBacklogWait
-}

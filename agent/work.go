@@ -107,6 +107,17 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 	}
 }
 
+// KernelBacklogWait bounds the wait for the kernel log's backlog at the start (see
+// Config.KernelCaughtUp).
+const KernelBacklogWait = 5 * time.Second
+
+// waitKernelBacklog reports whether a classification should wait for the kernel log's
+// backlog: it has not been consumed yet, and the start was less than
+// KernelBacklogWait ago.
+func (a *Agent) waitKernelBacklog(now time.Time) bool {
+	return !a.kernelReady.Load() && now.Sub(a.started) < KernelBacklogWait
+}
+
 // waitForEvidence reports whether a verdict may still change with evidence that can come
 // late: the kernel's report of an OOM kill (its reader may be a moment behind; only with
 // a kernel log), or any evidence of an OOM kill for a SIGKILLed exit.
