@@ -41,7 +41,7 @@ func (e *testEnv) oomWithoutKernelReport(p *corev1.Pod, id string) {
 	e.src.Send(oom)
 	e.until("waiting for the kernel", func() bool {
 		c, ok := e.a.ledger.Container(id)
-		return ok && c.KernelWaited[ledger.OOM]
+		return ok && c.Waited(ledger.OOM)
 	})
 }
 
@@ -214,7 +214,7 @@ func TestLateOOMEvidence(t *testing.T) {
 	e.src.Send(exited(p, "main", id, 137, "Error"))
 	e.until("the exit waiting for evidence", func() bool {
 		c, ok := e.a.ledger.Container(id)
-		return ok && c.KernelWaited[ledger.Exit]
+		return ok && c.Waited(ledger.Exit)
 	})
 	oom := event(cri.OOM, p, "main", id)
 	oom.OOMAt = t0
@@ -230,7 +230,7 @@ func TestLateOOMEvidence(t *testing.T) {
 	e.src.Send(exited(killed, "main", other, 137, "Error"))
 	e.until("the kill waiting for evidence", func() bool {
 		c, ok := e.a.ledger.Container(other)
-		return ok && c.KernelWaited[ledger.Exit]
+		return ok && c.Waited(ledger.Exit)
 	})
 	e.stepUntil("the kill classified", 50*time.Millisecond, e.containerDone(other))
 	if v := metrics.Value(e.m.ContainerExits.WithLabelValues(metrics.VerdictNotOOM)); v != 1 {

@@ -145,9 +145,12 @@ type Status struct {
 	// PIDs is how many of its PIDs were seen; RuntimePID is the runtime's PID of its
 	// init.
 	PIDs, RuntimePID int
-	// KernelWaited says, by Item, whether the item waited for late evidence.
-	KernelWaited [numItems]bool
+	// kernelWaited says, by Item, whether the item waited for late evidence (Waited).
+	kernelWaited [numItems]bool
 }
+
+// Waited reports whether the container's item k waited for late evidence (KernelWait).
+func (s Status) Waited(k Item) bool { return s.kernelWaited[k] }
 
 // Done reports whether the container's exit and its OOM events were all classified (or
 // dropped).
@@ -162,7 +165,7 @@ func (l *Ledger) Container(id string) (Status, bool) {
 		return Status{}, false
 	}
 	return Status{Exited: c.exit != nil, ExitDone: c.exitDone, OOMs: len(c.ooms), OOMsHandled: c.oomHandled,
-		StartRead: c.podAtStart != nil, PIDs: len(c.pids), RuntimePID: c.runtimePID, KernelWaited: c.kernelWaited}, true
+		StartRead: c.podAtStart != nil, PIDs: len(c.pids), RuntimePID: c.runtimePID, kernelWaited: c.kernelWaited}, true
 }
 
 // Len returns how many containers the ledger holds.
