@@ -2,7 +2,7 @@
 // shared informers (shim/informers, built once by the caller), and for every Job whose
 // spec.managedBy is its name (S1) carries out the Plan that the pure package
 // shim/jobsync decides, in the order that package documents (pod deletions and creations,
-// one status write, finalizer removals, then Events, metrics and the backoff record).
+// one status write, finalizer removals, then Events, metrics and the Job's backoff).
 //
 // Jobs managed by anyone else are never synced and never written; neither are their pods,
 // with one exception, shared with the built-in Job controller: a pod that still carries
@@ -16,19 +16,17 @@ package controller
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	batchlisters "k8s.io/client-go/listers/batch/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
+	events "k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -78,16 +76,15 @@ type Config struct {
 	// Recorder emits Events on Jobs. Required: the caller shares one with node-failure
 	// recovery (shim.NewControllers builds it, with source component
 	// conditions.ShimComponent).
-	Recorder record.EventRecorder
+	Recorder events.EventRecorder
 }
 
 // Controller syncs the Jobs managed by Config.ManagedBy. Create it with New.
 //
-// Locks. mu guards records, written and urgent, the per-Job state that the syncs and the
-// event handlers share; trackMu guards managed and finishedWithFinalizer, the bookkeeping
-// of the handlers behind two metrics; deletedMu guards deletedJobs. No two of them are held
-// at once. The expectations have a lock of their own (expectations.go); the queues and
-// informers are safe for concurrent use.
+// What it remembers of each Job between syncs is in state (jobstate.go, one lock), the
+// writes it waits to see in expectations (expectations.go, a lock of its own), and the
+// last JobRecord it wrote in jobRecords (jobrecord.go, a lock of its own); no two of these
+// locks are held at once. The queues and informers are safe for concurrent use.
 type Controller struct {
 	client kubernetes.Interface
 	cfg    Config
@@ -95,7 +92,7 @@ type Controller struct {
 	logger   klog.Logger
 	clock    clock.WithTicker
 	metrics  *metrics.Metrics
-	recorder record.EventRecorder
+	recorder events.EventRecorder
 
 	// inf are the shared informers; the fields below are some of theirs, at hand.
 	inf        *informers.Informers
@@ -110,42 +107,13 @@ type Controller struct {
 	orphanQueue queue.Queue
 	strayQueue  queue.Queue
 
+	// state is the controller's memory of each Job (jobstate.go).
+	state *jobStates
+
 	expectations *expectations
 
-	// jobRecords writes the Jobs' JobRecords (jobrecord.go); it has its own lock.
+	// jobRecords writes the Jobs' JobRecords (jobrecord.go).
 	jobRecords *records
-
-	// memoryRefused maps a Job key to the indexes whose pod with grown memory the API
-	// server refused (jobsync.Input.MemoryRefused); guarded by mu.
-	memoryRefused map[string]map[int]string
-
-	// mu guards records, written, urgent and memoryRefused.
-	mu sync.Mutex
-	// records are the global backoff records of the Jobs, by Job UID.
-	records map[types.UID]backoff.Record
-	// written maps a Job key to the resourceVersion that our last status write replaced:
-	// while the Job lister still shows that version, the informer has not caught up with
-	// our write and a sync would decide from a stale status, so it waits for the Job's
-	// update event (the built-in controller's finishedJobExpectations, generalised).
-	written map[string]string
-	// urgent maps the keys of Jobs whose events sync them at once rather than batched, to
-	// until when (markUrgent).
-	urgent map[string]time.Time
-
-	// trackMu guards managed and finishedWithFinalizer.
-	trackMu sync.Mutex
-	// managed are the keys of the managed Jobs that are not finished (for the gauge).
-	managed map[string]struct{}
-	// finishedWithFinalizer are the UIDs of terminated pods of managed Jobs that were
-	// counted by the coroner_terminated_pods_tracking_finalizer_total{event="add"}, so
-	// that "delete" is counted for exactly those.
-	finishedWithFinalizer map[types.UID]struct{}
-
-	// deletedMu guards deletedJobs.
-	deletedMu sync.Mutex
-	// deletedJobs are the UIDs of Jobs whose delete event this process saw, with when
-	// (see jobGone).
-	deletedJobs map[types.UID]time.Time
 
 	// syncJob is jobsync.Sync; tests replace it with a canned Plan.
 	syncJob func(jobsync.Input) jobsync.Plan
@@ -177,29 +145,23 @@ func New(ctx context.Context, client kubernetes.Interface, inf *informers.Inform
 		panic("controller.New: Config.Recorder is nil")
 	}
 	c := &Controller{
-		client:                client,
-		cfg:                   cfg,
-		logger:                klog.FromContext(ctx),
-		clock:                 cfg.Clock,
-		metrics:               cfg.Metrics,
-		recorder:              cfg.Recorder,
-		inf:                   inf,
-		jobLister:             inf.JobLister,
-		podLister:             inf.PodLister,
-		podIndexer:            inf.Pods.GetIndexer(),
-		queue:                 queue.New("coroner_job", cfg.Clock),
-		orphanQueue:           queue.New("coroner_orphan_pod", cfg.Clock),
-		strayQueue:            queue.New("coroner_stray_pod", cfg.Clock),
-		expectations:          newExpectations(cfg.Clock),
-		records:               map[types.UID]backoff.Record{},
-		written:               map[string]string{},
-		urgent:                map[string]time.Time{},
-		memoryRefused:         map[string]map[int]string{},
-		managed:               map[string]struct{}{},
-		finishedWithFinalizer: map[types.UID]struct{}{},
-		deletedJobs:           map[types.UID]time.Time{},
-		syncJob:               jobsync.Sync,
-		jobRecords:            newRecords(cfg.Records, cfg.Metrics),
+		client:       client,
+		cfg:          cfg,
+		logger:       klog.FromContext(ctx),
+		clock:        cfg.Clock,
+		metrics:      cfg.Metrics,
+		recorder:     cfg.Recorder,
+		inf:          inf,
+		jobLister:    inf.JobLister,
+		podLister:    inf.PodLister,
+		podIndexer:   inf.Pods.GetIndexer(),
+		queue:        queue.New("coroner_job", cfg.Clock),
+		orphanQueue:  queue.New("coroner_orphan_pod", cfg.Clock),
+		strayQueue:   queue.New("coroner_stray_pod", cfg.Clock),
+		state:        newJobStates(),
+		expectations: newExpectations(cfg.Clock),
+		jobRecords:   newRecords(cfg.Records, cfg.Metrics),
+		syncJob:      jobsync.Sync,
 	}
 	c.addHandlers()
 	return c

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/informers"
 	"github.com/coroner-dev/coroner/shim/metrics"
 	"github.com/coroner-dev/coroner/shim/policy"
@@ -70,9 +71,7 @@ func (c *Controller) updateJob(old, cur any) {
 		return
 	}
 	if jobFinished(curJob) {
-		c.mu.Lock()
-		delete(c.records, curJob.UID)
-		c.mu.Unlock()
+		c.state.setRetries(curJob, backoff.Record{})
 	}
 	key := keyOf(curJob)
 	if curJob.Generation != oldJob.Generation {
@@ -95,18 +94,14 @@ func (c *Controller) deleteJob(obj any) {
 		}
 	}
 	c.trackManaged(job, true)
-	c.jobDeleted(job.UID)
+	c.state.jobDeleted(job, c.clock.Now())
 	if !c.ours(job) {
 		return
 	}
 	key := keyOf(job)
 	c.logger.V(4).Info("Job deleted", "job", key, "uid", job.UID)
 	c.expectations.forget(key)
-	c.mu.Lock()
-	delete(c.records, job.UID)
-	delete(c.written, key)
-	delete(c.urgent, key)
-	c.mu.Unlock()
+	c.state.forgetDeletedManaged(job)
 	c.queue.Add(key)
 	// Its pods that still carry the tracking finalizer would never go away.
 	objs, _ := c.podIndexer.ByIndex(informers.ControllerUIDIndex, string(job.UID))
@@ -120,17 +115,8 @@ func (c *Controller) deleteJob(obj any) {
 // trackManaged keeps the set of managed, unfinished Jobs behind the coroner_managed_jobs
 // gauge.
 func (c *Controller) trackManaged(job *batchv1.Job, deleted bool) {
-	key := keyOf(job)
-	c.trackMu.Lock()
-	defer c.trackMu.Unlock()
-	before := len(c.managed)
-	if !deleted && c.ours(job) && !jobFinished(job) {
-		c.managed[key] = struct{}{}
-	} else {
-		delete(c.managed, key)
-	}
-	if len(c.managed) != before {
-		c.metrics.ManagedJobs.Set(float64(len(c.managed)))
+	if n, changed := c.state.setManaged(keyOf(job), !deleted && c.ours(job) && !jobFinished(job)); changed {
+		c.metrics.ManagedJobs.Set(float64(n))
 	}
 }
 
@@ -288,22 +274,16 @@ func (c *Controller) jobOf(pod *corev1.Pod) (job *batchv1.Job, orphan bool) {
 func (c *Controller) trackFinishedWithFinalizer(pod *corev1.Pod, gone bool) {
 	is := !gone && hasTrackingFinalizer(pod) &&
 		(pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed)
-	c.trackMu.Lock()
-	_, was := c.finishedWithFinalizer[pod.UID]
-	c.trackMu.Unlock()
+	was := c.state.finishedPod(pod.UID)
 	switch {
 	case is && !was:
 		if job, _ := c.jobOf(pod); job == nil {
 			return
 		}
-		c.trackMu.Lock()
-		c.finishedWithFinalizer[pod.UID] = struct{}{}
-		c.trackMu.Unlock()
+		c.state.setFinishedPod(pod.UID, true)
 		c.metrics.TerminatedPodsTrackingFinalizer.WithLabelValues(metrics.EventAdd).Inc()
 	case !is && was:
-		c.trackMu.Lock()
-		delete(c.finishedWithFinalizer, pod.UID)
-		c.trackMu.Unlock()
+		c.state.setFinishedPod(pod.UID, false)
 		c.metrics.TerminatedPodsTrackingFinalizer.WithLabelValues(metrics.EventDelete).Inc()
 	}
 }
@@ -326,31 +306,16 @@ func failureDecision(job *batchv1.Job, old, cur *corev1.Pod) bool {
 
 // markUrgent makes the events of the Job with key sync it at once, not batched, for one
 // batch period or until a sync carried out a plan with its expectations satisfied
-// (clearUrgent): the status write and pod deletions that a failure decision leads to are
+// (jobStates.clearUrgent): the status write and pod deletions that a failure decision leads to are
 // then acted on without delay, also when the first immediate sync found the cache behind.
 func (c *Controller) markUrgent(key string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.urgent[key] = c.clock.Now().Add(c.cfg.BatchPeriod)
-}
-
-func (c *Controller) clearUrgent(key string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.urgent, key)
+	c.state.markUrgent(key, c.clock.Now().Add(c.cfg.BatchPeriod))
 }
 
 // enqueueBatched enqueues the Job with key after the batch period, or at once while it
 // is urgent (markUrgent).
 func (c *Controller) enqueueBatched(key string) {
-	c.mu.Lock()
-	until, urgent := c.urgent[key]
-	if urgent && !c.clock.Now().Before(until) {
-		delete(c.urgent, key)
-		urgent = false
-	}
-	c.mu.Unlock()
-	if urgent {
+	if c.state.urgent(key, c.clock.Now()) {
 		c.queue.Add(key)
 		return
 	}

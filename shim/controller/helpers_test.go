@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/tools/record"
+	events "k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 
@@ -75,7 +75,7 @@ type fixture struct {
 	queue    *fakeQueue
 	orphans  *fakeQueue
 	strays   *fakeQueue
-	recorder *record.FakeRecorder
+	recorder *events.FakeRecorder
 	clock    *clocktesting.FakeClock
 	registry *prometheus.Registry
 }
@@ -88,7 +88,7 @@ func newFixture(t *testing.T, objs ...runtime.Object) *fixture {
 		queue:    &fakeQueue{},
 		orphans:  &fakeQueue{},
 		strays:   &fakeQueue{},
-		recorder: record.NewFakeRecorder(1000),
+		recorder: events.NewFakeRecorder(1000),
 		clock:    clocktesting.NewFakeClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)),
 		registry: prometheus.NewRegistry(),
 	}

@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -250,4 +251,50 @@ func recordRetriable(err error) bool {
 	}
 	return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
 		apierrors.IsTooManyRequests(err) || apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsUnexpectedServerError(err)
+}
+
+// recordWrite is a JobRecord write running beside the rest of a sync.
+type recordWrite struct {
+	done    chan struct{}
+	err     error // set before done closes
+	settled bool
+	result  error
+	logger  klog.Logger
+	entries int
+}
+
+// startRecordWrite writes the entries to the Job's record in the background.
+func (c *Controller) startRecordWrite(ctx context.Context, key string, job *batchv1.Job, entries []record.Entry) *recordWrite {
+	w := &recordWrite{done: make(chan struct{}), logger: klog.FromContext(ctx), entries: len(entries)}
+	if len(entries) == 0 {
+		close(w.done)
+		return w
+	}
+	go func() {
+		defer close(w.done)
+		w.err = c.jobRecords.write(ctx, key, job, entries)
+	}()
+	return w
+}
+
+func (w *recordWrite) wait() { <-w.done }
+
+// settle waits for the write and returns the error that must stop the pods from going: a
+// failure a retry may mend. Any other failure is logged, once, and let go.
+func (w *recordWrite) settle() error {
+	w.wait()
+	if w.settled {
+		return w.result
+	}
+	w.settled = true
+	switch err := w.err; {
+	case err == nil:
+	case recordRetriable(err):
+		w.result = err
+	case apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+		w.logger.V(2).Info("Not recording the pods that leave the Job: its namespace is being deleted", "pods", w.entries)
+	default:
+		w.logger.Error(err, "Not recording the pods that leave the Job; going on without", "pods", w.entries)
+	}
+	return w.result
 }

@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -104,10 +103,7 @@ func (c *Controller) jobGone(ctx context.Context, ns, name string, uid types.UID
 	if job, err := c.jobLister.Jobs(ns).Get(name); err == nil && job.UID == uid {
 		return false, nil
 	}
-	c.deletedMu.Lock()
-	_, seen := c.deletedJobs[uid]
-	c.deletedMu.Unlock()
-	if seen {
+	if c.state.seenDeleted(ns, name, uid) {
 		return true, nil
 	}
 	job, err := c.client.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
@@ -118,25 +114,6 @@ func (c *Controller) jobGone(ctx context.Context, ns, name string, uid types.UID
 		return false, fmt.Errorf("checking whether Job %s/%s still exists: %w", ns, name, err)
 	}
 	return job.UID != uid, nil
-}
-
-// deletedJobsKept is how long the UID of a deleted Job is remembered for jobGone: long
-// enough for the garbage collector to delete its pods, short enough to bound the memory.
-const deletedJobsKept = 10 * time.Minute
-
-// jobDeleted remembers that the Job with uid is gone.
-func (c *Controller) jobDeleted(uid types.UID) {
-	now := c.clock.Now()
-	c.deletedMu.Lock()
-	defer c.deletedMu.Unlock()
-	if len(c.deletedJobs) >= 1024 {
-		for u, at := range c.deletedJobs {
-			if now.Sub(at) > deletedJobsKept {
-				delete(c.deletedJobs, u)
-			}
-		}
-	}
-	c.deletedJobs[uid] = now
 }
 
 func (c *Controller) enqueueOrphan(pod *corev1.Pod) {

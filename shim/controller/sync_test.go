@@ -172,7 +172,7 @@ func TestSyncOrder(t *testing.T) {
 	if written.Status.Active != 1 || written.Status.UncountedTerminatedPods == nil || len(written.Status.UncountedTerminatedPods.Succeeded) != 1 {
 		t.Errorf("written status = %+v, want the plan's", written.Status)
 	}
-	if got := f.c.records[job.UID]; got.Failures != 2 {
+	if got, _ := f.c.state.retries(job); got.Failures != 2 {
 		t.Errorf("backoff record = %+v, want the plan's", got)
 	}
 	if diff := cmp.Diff([]queued{{Key: testNS + "/j", After: 7 * time.Second}}, f.queue.Calls()); diff != "" {
@@ -313,7 +313,7 @@ func TestSyncStatusWriteFails(t *testing.T) {
 				return false, nil, nil
 			})
 			writes := recordWrites(f)
-			f.c.records[job.UID] = backoff.Record{Failures: 1}
+			f.c.state.setRetries(job, backoff.Record{Failures: 1})
 			f.c.syncJob = planFor(t, job, fullPlan(job, excess, done))
 
 			err := f.c.sync(context.Background(), testNS+"/j")
@@ -330,7 +330,7 @@ func TestSyncStatusWriteFails(t *testing.T) {
 					t.Errorf("plan Event %q emitted although the status write failed", e)
 				}
 			}
-			if got := f.c.records[job.UID]; got.Failures != 1 {
+			if got, _ := f.c.state.retries(job); got.Failures != 1 {
 				t.Errorf("backoff record = %+v, want the old one kept", got)
 			}
 			if diff := cmp.Diff(tc.wantQueue, f.queue.Calls()); diff != "" {
@@ -522,7 +522,7 @@ func TestSyncInput(t *testing.T) {
 	mislabelled.Labels[batchv1.ControllerUidLabel] = "nope"
 	f := newFixture(t, job)
 	f.inCache(t, job, mine, theirs, mislabelled)
-	f.c.records[job.UID] = backoff.Record{Failures: 3}
+	f.c.state.setRetries(job, backoff.Record{Failures: 3})
 	f.c.expectations.expect(testNS+"/j", 1, nil)
 	f.c.expectations.expectFinalizersRemoved(testNS+"/j", []types.UID{"x"})
 	var got jobsync.Input
@@ -541,7 +541,7 @@ func TestSyncInput(t *testing.T) {
 		t.Errorf("input = %+v", got)
 	}
 	// A plan with a zero record drops the Job's record.
-	if _, ok := f.c.records[job.UID]; ok {
+	if _, ok := f.c.state.retries(job); ok {
 		t.Errorf("the backoff record was kept although the plan's is zero")
 	}
 }
