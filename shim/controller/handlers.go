@@ -7,6 +7,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -24,10 +25,13 @@ import (
 // enqueues the Job at once, and for one batch period after that the Job's other events
 // do too (enqueueBatched), so that the pods the decision stops are deleted, and the
 // FailureTarget written, without waiting for the batching (the built-in controller
-// batches these events too; what it decides is the same). Only Jobs managed by
-// Config.ManagedBy are enqueued. Pods whose Job is gone go to the orphan queue; a pod with
-// no controller at all also enqueues the managed Jobs whose selector matches it, which may
-// adopt it (claim.go).
+// batches these events too; what it decides is the same). Two more syncs are not
+// batched: the one that counts the pods whose tracking finalizers a sync removed, at the
+// first and the last of those removals the informer shows (removalObserved), and one
+// that waited for the informer to show our status write (jobStates.caughtUp). Only Jobs
+// managed by Config.ManagedBy are enqueued. Pods whose Job is gone go to the orphan
+// queue; a pod with no controller at all also enqueues the managed Jobs whose selector
+// matches it, which may adopt it (claim.go).
 
 // addHandlers registers the event handlers on the informers.
 func (c *Controller) addHandlers() {
@@ -76,6 +80,12 @@ func (c *Controller) updateJob(old, cur any) {
 	key := keyOf(curJob)
 	if curJob.Generation != oldJob.Generation {
 		c.logger.V(4).Info("Job spec changed", "job", key)
+		c.queue.Add(key)
+		return
+	}
+	if c.state.caughtUp(key, curJob.ResourceVersion) {
+		// A sync was skipped because the informer did not show our status write yet
+		// (staleCache); it shows it now: that sync is carried out at once, not batched.
 		c.queue.Add(key)
 		return
 	}
@@ -187,11 +197,7 @@ func (c *Controller) updatePod(old, cur any) {
 		return
 	}
 	key := keyOf(job)
-	if finalizerGone && c.expectations.finalizerRemovalObserved(key, curPod.UID) {
-		// The last finalizer removal of the previous sync is seen: the pods it recorded
-		// in uncountedTerminatedPods can be counted now, without the batching delay (the
-		// built-in controller counts them in the sync that removes the finalizers; the
-		// shim, writing status once per sync, in the next one).
+	if finalizerGone && c.removalObserved(key, curPod.UID) {
 		c.queue.Add(key)
 		return
 	}
@@ -238,11 +244,25 @@ func (c *Controller) podDeleted(pod *corev1.Pod, final bool) {
 	}
 	key := keyOf(job)
 	c.expectations.deletionObserved(key, pod.UID)
-	if (final || !hasTrackingFinalizer(pod)) && c.expectations.finalizerRemovalObserved(key, pod.UID) {
+	if (final || !hasTrackingFinalizer(pod)) && c.removalObserved(key, pod.UID) {
 		c.queue.Add(key) // as in updatePod: the uncounted pods can be counted now
 		return
 	}
 	c.enqueueBatched(key)
+}
+
+// removalObserved observes the tracking finalizer removal of the pod uid of the Job key,
+// and reports whether the Job is to be synced at once, without the batching delay, to
+// count the pods that the sync which removed their finalizers recorded in
+// uncountedTerminatedPods (the built-in controller counts them in that same sync, in a
+// second status write; the shim, writing status once per sync, in the next one): the
+// removal is the first of its sync's that the informer shows (that sync is over or about
+// to end, and the next one counts every removal that succeeded, see firstRemovalSeen), or
+// the last one in flight.
+func (c *Controller) removalObserved(key string, uid types.UID) bool {
+	first := c.expectations.firstRemovalSeen(key, uid)
+	last := c.expectations.finalizerRemovalObserved(key, uid)
+	return first || last
 }
 
 // jobOf resolves the Job controlling pod in the Job lister. It returns the Job when this

@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/coroner-dev/coroner/shim/jobsync"
 )
 
 // TestEventHandlers checks which key each informer event puts on which queue, and
@@ -387,4 +389,59 @@ func TestFailureDecisionSyncsAtOnce(t *testing.T) {
 			t.Errorf("Job queue (-want +got):\n%s", diff)
 		}
 	})
+}
+
+// TestFinalizerRemovalsSyncAtOnce: the pods whose tracking finalizers a sync removed are
+// counted by the next sync, which runs at once when the informer shows the first of those
+// removals (jobsync counts every removal in flight as done) and again at the last; the
+// removals in between are batched.
+func TestFinalizerRemovalsSyncAtOnce(t *testing.T) {
+	job := newJob("j")
+	key := testNS + "/j"
+	p1, p2, p3 := newPod("p1", job, corev1.PodFailed), newPod("p2", job, corev1.PodFailed), newPod("p3", job, corev1.PodRunning)
+	f := newFixture(t)
+	f.inCache(t, job)
+	f.c.expectations.expectFinalizersRemoved(key, []types.UID{p1.UID, p2.UID, p3.UID})
+	f.c.updatePod(p2, withoutFinalizer(p2))                   // the first: at once
+	f.c.updatePod(p1, withoutFinalizer(p1))                   // batched
+	f.c.deletePod(withoutFinalizer(beingDeleted(p3)))         // the last: at once
+	f.c.updatePod(p1, withoutFinalizer(withoutFinalizer(p1))) // nothing in flight: batched
+	f.c.expectations.expectFinalizersRemoved(key, []types.UID{p1.UID})
+	f.c.updatePod(p1, withoutFinalizer(p1)) // first and last
+	want := []queued{{Key: key}, {Key: key, After: batchPeriod}, {Key: key}, {Key: key, After: batchPeriod}, {Key: key}}
+	if diff := cmp.Diff(want, f.queue.Calls()); diff != "" {
+		t.Errorf("Job queue (-want +got):\n%s", diff)
+	}
+}
+
+// TestStaleCacheSyncRunsOnCatchUp: a sync skipped because the informer did not show the
+// status written by the previous sync is carried out as soon as the Job's update event
+// shows it, not after the batch period; other status updates stay batched.
+func TestStaleCacheSyncRunsOnCatchUp(t *testing.T) {
+	job := newJob("j")
+	key := testNS + "/j"
+	f := newFixture(t, job)
+	f.inCache(t, job)
+	status := job.Status.DeepCopy()
+	status.Active = 1
+	f.c.syncJob = planFor(t, job, jobsync.Plan{WriteStatus: true, Status: *status})
+	if err := f.c.sync(t.Context(), key); err != nil {
+		t.Fatal(err)
+	}
+	f.c.updateJob(job, job) // a resync: not the write yet, and no sync waits
+	if err := f.c.sync(t.Context(), key); err != nil {
+		t.Fatal(err)
+	}
+	f.c.updateJob(job, job) // still not the write: the skipped sync waits on
+	written := job.DeepCopy()
+	written.ResourceVersion = "11"
+	written.Status.Active = 1
+	f.c.updateJob(job, written) // the write: the skipped sync at once
+	again := written.DeepCopy()
+	again.ResourceVersion = "12"
+	f.c.updateJob(written, again) // batched
+	want := []queued{{Key: key, After: batchPeriod}, {Key: key, After: batchPeriod}, {Key: key}, {Key: key, After: batchPeriod}}
+	if diff := cmp.Diff(want, f.queue.Calls()); diff != "" {
+		t.Errorf("Job queue (-want +got):\n%s", diff)
+	}
 }

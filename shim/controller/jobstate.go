@@ -36,6 +36,9 @@ type jobState struct {
 	// write and a sync would decide from a stale status, so it waits for the Job's update
 	// event (the built-in controller's finishedJobExpectations, generalised). "": none.
 	statusWrittenOver string
+	// syncOnCatchUp: a sync was skipped for statusWrittenOver; the Job's update event that
+	// shows another version syncs it at once (caughtUp).
+	syncOnCatchUp bool
 	// urgentUntil is, when not zero, until when the Job's events sync it at once rather
 	// than batched (markUrgent).
 	urgentUntil time.Time
@@ -50,7 +53,7 @@ type jobState struct {
 }
 
 func (s *jobState) empty() bool {
-	return s.retriesOf == "" && s.statusWrittenOver == "" && s.urgentUntil.IsZero() &&
+	return s.retriesOf == "" && s.statusWrittenOver == "" && !s.syncOnCatchUp && s.urgentUntil.IsZero() &&
 		len(s.memoryRefused) == 0 && !s.managed && len(s.deleted) == 0
 }
 
@@ -143,7 +146,8 @@ func (s *jobStates) statusWritten(key, resourceVersion string) {
 }
 
 // staleCache reports whether the Job lister still shows the version our last status
-// write replaced; when it shows another one, the memory of the write is dropped.
+// write replaced, and then remembers that a sync waits for the informer (caughtUp); when
+// it shows another one, the memory of the write is dropped.
 func (s *jobStates) staleCache(key string, job *batchv1.Job) (stale bool) {
 	s.change(key, func(st *jobState) {
 		switch st.statusWrittenOver {
@@ -153,8 +157,21 @@ func (s *jobStates) staleCache(key string, job *batchv1.Job) (stale bool) {
 		default:
 			st.statusWrittenOver = ""
 		}
+		st.syncOnCatchUp = stale
 	})
 	return stale
+}
+
+// caughtUp reports whether a sync of the Job key was skipped for a stale cache and the
+// Job's version resourceVersion, which the informer shows now, is another than the one
+// our status write replaced: that sync is due now. It reports it once.
+func (s *jobStates) caughtUp(key, resourceVersion string) (due bool) {
+	s.change(key, func(st *jobState) {
+		if st.syncOnCatchUp && st.statusWrittenOver != resourceVersion {
+			st.syncOnCatchUp, due = false, true
+		}
+	})
+	return due
 }
 
 // markUrgent makes the Job key urgent until the time until.
@@ -212,7 +229,7 @@ func (s *jobStates) refusedMemory(key string) (out map[int]string) {
 func (s *jobStates) jobGone(key string) {
 	s.change(key, func(st *jobState) {
 		st.memoryRefused = nil
-		st.statusWrittenOver = ""
+		st.statusWrittenOver, st.syncOnCatchUp = "", false
 	})
 }
 
@@ -246,7 +263,7 @@ func (s *jobStates) forgetDeletedManaged(job *batchv1.Job) {
 		if st.retriesOf == job.UID {
 			st.retries, st.retriesOf = backoff.Record{}, ""
 		}
-		st.statusWrittenOver = ""
+		st.statusWrittenOver, st.syncOnCatchUp = "", false
 		st.urgentUntil = time.Time{}
 	})
 }
