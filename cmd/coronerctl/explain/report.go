@@ -237,6 +237,7 @@ func indexStates(job *batchv1.Job, pods []*corev1.Pod) []IndexState {
 			byIndex[ix] = append(byIndex[ix], p)
 		}
 	}
+	idle := idleIndexState(job)
 	var out []IndexState
 	for ix := 0; ix < completions; ix++ {
 		ps := byIndex[ix]
@@ -276,11 +277,48 @@ func indexStates(job *batchv1.Job, pods []*corev1.Pod) []IndexState {
 		case terminating:
 			st.State = "terminating"
 		default:
-			st.State = "pending"
+			st.State = idle
 		}
 		out = append(out, st)
 	}
 	return out
+}
+
+// idleIndexState is the state of an index that is neither completed nor failed and has no
+// pod running or being deleted: "pending" only while the Job runs. A finished Job (or one
+// its controller has decided to finish: FailureTarget, SuccessCriteriaMet) will never
+// complete the index, whether or not it ran; a suspended Job creates no pod until resumed.
+func idleIndexState(job *batchv1.Job) string {
+	if c := trueCondition(job, batchv1.JobFailed, batchv1.JobFailureTarget); c != nil {
+		return "unfinished: the Job failed" + reasonOf(c)
+	}
+	if c := trueCondition(job, batchv1.JobComplete, batchv1.JobSuccessCriteriaMet); c != nil {
+		return "not needed: the Job succeeded" + reasonOf(c)
+	}
+	if trueCondition(job, batchv1.JobSuspended) != nil || ptrValue(job.Spec.Suspend) {
+		return "suspended"
+	}
+	return "pending"
+}
+
+// trueCondition is the first of the types that the Job has with status True, nil if none.
+func trueCondition(job *batchv1.Job, types ...batchv1.JobConditionType) *batchv1.JobCondition {
+	for _, t := range types {
+		for i, c := range job.Status.Conditions {
+			if c.Type == t && c.Status == corev1.ConditionTrue {
+				return &job.Status.Conditions[i]
+			}
+		}
+	}
+	return nil
+}
+
+// reasonOf is " (REASON)", or "" for a condition without a reason.
+func reasonOf(c *batchv1.JobCondition) string {
+	if c.Reason == "" {
+		return ""
+	}
+	return " (" + c.Reason + ")"
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }

@@ -144,7 +144,13 @@ type Line struct {
 // IndexState is one completion index of an Indexed Job.
 type IndexState struct {
 	Index int `json:"index"`
-	// State is completed, failed, active, terminating or pending.
+	// State is, in this order of precedence: completed (in status.completedIndexes),
+	// failed (in status.failedIndexes), active (a pod of it runs or waits to), terminating
+	// (its only pods are being deleted), then for an index with none of these, by the
+	// Job's state: "unfinished: the Job failed (REASON)" (conditions Failed or
+	// FailureTarget: it will never complete, whether or not it ran), "not needed: the Job
+	// succeeded (REASON)" (Complete or SuccessCriteriaMet, as a successPolicy allows),
+	// suspended (the Job is suspended), or pending (the Job runs: it waits for a pod).
 	State string `json:"state"`
 	// Failures counts the index's failures that count towards backoffLimitPerIndex,
 	// Ignored those an Ignore rule matched, from the pods' annotations plus the pods'
