@@ -4,12 +4,14 @@
 // CrashLoopBackOff, the exits of in-place restarts from coroner.dev/exit-history), for a
 // failed pod the podFailurePolicy rule that matches it (shim/policy.Match on the live pod,
 // as coroner-shim decides) and the consequence for the Job; then the Job's per-index
-// state. Pods the shim deleted are told from its Events on the Job: the last state it
-// recorded on deleting them and its failure decisions (conditions/events.go).
+// state. Pods that are gone are told from coroner-shim's record of the Job (a JobRecord,
+// package shim/record): the last state it recorded as each left, the rule that matched
+// and what it did, why the shim deleted it. explain reads no Events: they are for people,
+// and lossy.
 //
-// Build is a pure function of the Job, its pods and Events; Explain reads them through a
-// kubernetes.Interface. Reports print as text (Write) or, through cli-runtime's printers,
-// as JSON or YAML of the documented types in types.go.
+// Build is a pure function of the Job, its pods and its JobRecord; Explain reads them
+// through a Client. Reports print as text (Write) or, through cli-runtime's printers, as
+// JSON or YAML of the documented types in types.go.
 package explain
 
 import (
@@ -112,7 +114,7 @@ func ParseTargets(args []string, allNamespaces bool) ([]Target, error) {
 	return out, nil
 }
 
-// Client is what explain reads: the Jobs, pods and Events through Interface, coroner-shim's
+// Client is what explain reads: the Jobs and pods through Interface, coroner-shim's
 // JobRecords (package shim/record) through Dynamic. A nil Dynamic reads no records:
 // reports then say that the pods that are gone are not told.
 type Client struct {
@@ -267,7 +269,7 @@ func Print(objs []runtime.Object, format string, w io.Writer) error {
 	return printer.PrintObj(obj, w)
 }
 
-// JobReport reads the Job, its pods and its Events and builds its Report.
+// JobReport reads the Job, its pods and its JobRecord and builds its Report.
 func JobReport(ctx context.Context, client Client, namespace, name string) (*Report, error) {
 	job, err := client.BatchV1().Jobs(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
@@ -276,7 +278,7 @@ func JobReport(ctx context.Context, client Client, namespace, name string) (*Rep
 	return reportOf(ctx, client, job)
 }
 
-// Job reads the Job, its pods and its Events and prints the Report as text.
+// Job reads the Job, its pods and its JobRecord and prints the Report as text.
 func Job(ctx context.Context, client Client, namespace, name string, w io.Writer) error {
 	r, err := JobReport(ctx, client, namespace, name)
 	if err != nil {

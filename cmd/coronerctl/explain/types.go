@@ -15,7 +15,8 @@ import (
 )
 
 // The documented output of `explain -o json|yaml`. Fields are only ever added; a change
-// of meaning gets a new APIVersion.
+// of meaning gets a new APIVersion. (One field went: goneDecisions, the decisions explain
+// read from Events, left empty and so never printed since explain read JobRecords.)
 const (
 	// APIVersion is the apiVersion of the reports.
 	APIVersion = "coroner.dev/v1alpha1"
@@ -62,10 +63,6 @@ type Report struct {
 	Pods []PodReport `json:"pods"`
 	// Indexes is the per-index state of an Indexed Job.
 	Indexes []IndexState `json:"indexes,omitempty"`
-	// GoneDecisions is always empty: it held the decisions explain read from Events
-	// before it read the JobRecord; a gone pod's decision is in its PodReport (rule,
-	// action).
-	GoneDecisions []string `json:"goneDecisions,omitempty"`
 	// Record says what explain had of coroner-shim's record of the Job.
 	Record RecordState `json:"record"`
 	// Notes are remarks about the report itself.
@@ -181,7 +178,7 @@ func newList(items []runtime.Object) *List {
 // DeepCopyObject makes Report a runtime.Object, for cli-runtime's printers.
 func (r *Report) DeepCopyObject() runtime.Object {
 	c := *r
-	c.Rules, c.GoneDecisions, c.Notes = slices.Clone(r.Rules), slices.Clone(r.GoneDecisions), slices.Clone(r.Notes)
+	c.Rules, c.Notes = slices.Clone(r.Rules), slices.Clone(r.Notes)
 	c.Record.Dropped = maps.Clone(r.Record.Dropped)
 	c.Pods = make([]PodReport, len(r.Pods))
 	for i := range r.Pods {
