@@ -18,6 +18,15 @@
 //     the device ID NVIDIA's device plugin gives the kubelet, from the
 //     driver's information files.
 //
+// Limits the device verdict will have to mind: the UUID is the plugin's
+// device ID only under its default --device-id-strategy=uuid (index gives
+// "0", "1", ...); on a MIG-partitioned GPU the plugin hands out MIG devices
+// ("MIG-..."), which an Xid names by the parent GPU's address and, when the
+// driver attributes it, the GPU and compute instance numbers (Xid.GPUInstance,
+// Xid.ComputeInstance), not by UUID; and an Xid report carries no PCI
+// function, so a GPU the driver serves at a function other than 0 (an SR-IOV
+// virtual function) is not found by it.
+//
 // Everything here is pure except UUIDsByAddress, which reads the directory
 // it is given; nothing imports the agent.
 package nvidia

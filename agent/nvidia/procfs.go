@@ -67,19 +67,19 @@ func ParseInformation(text string) (Information, error) {
 			info.Model = val
 		case "GPU UUID":
 			if !strings.HasPrefix(val, "GPU-") || strings.ContainsAny(val, " \t") {
-				return Information{}, fmt.Errorf("GPU UUID %q does not read GPU-...", truncate(val))
+				return Information{}, fmt.Errorf("field \"GPU UUID\" %q does not read GPU-...", truncate(val))
 			}
 			info.UUID = val
 		case "Bus Location":
 			a, err := ParseAddress(val)
 			if err != nil {
-				return Information{}, fmt.Errorf("Bus Location: %w", err)
+				return Information{}, fmt.Errorf("field \"Bus Location\": %w", err)
 			}
 			info.Address, haveAddress = a, true
 		case "Device Minor":
 			n, err := strconv.ParseUint(val, 10, 31)
 			if err != nil {
-				return Information{}, fmt.Errorf("Device Minor %q is not a number", truncate(val))
+				return Information{}, fmt.Errorf("field \"Device Minor\" %q is not a number", truncate(val))
 			}
 			info.Minor = int(n)
 		case "GPU Excluded", "Blacklisted":
@@ -87,7 +87,7 @@ func ParseInformation(text string) (Information, error) {
 		}
 	}
 	if !haveAddress {
-		return Information{}, errors.New("no Bus Location")
+		return Information{}, errors.New("no \"Bus Location\" field")
 	}
 	return info, nil
 }
@@ -133,7 +133,7 @@ func UUIDsByAddress(dir string) (map[Address]string, error) {
 			continue
 		}
 		if info.Address != dirAddress {
-			errs = append(errs, fmt.Errorf("nvidia: %s: Bus Location %s is not its directory's", path, info.Address))
+			errs = append(errs, fmt.Errorf("nvidia: %s: \"Bus Location\" %s is not its directory's", path, info.Address))
 			continue
 		}
 		if info.UUID != "" {

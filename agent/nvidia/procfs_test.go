@@ -48,8 +48,8 @@ func TestParseInformation(t *testing.T) {
 			text: "GPU UUID: \t GPU-1\r\nBus Location: \t 0000:01:00.0",
 			want: Information{UUID: "GPU-1", Address: addr(0, 1, 0), Minor: -1},
 		},
-		"empty":                       {text: "", wantErr: "no Bus Location"},
-		"no Bus Location":             {text: "Model: \t\t Tesla T4\nGPU UUID: \t GPU-1\n", wantErr: "no Bus Location"},
+		"empty":                       {text: "", wantErr: `no "Bus Location"`},
+		"no Bus Location":             {text: "Model: \t\t Tesla T4\nGPU UUID: \t GPU-1\n", wantErr: `no "Bus Location"`},
 		"Bus Location not an address": {text: "Bus Location: \t PCI:1:0:0\n", wantErr: "Bus Location"},
 		"UUID not GPU-":               {text: "GPU UUID: \t 1234\nBus Location: \t 0000:01:00.0\n", wantErr: "GPU UUID"},
 		"Device Minor not a number":   {text: "Bus Location: \t 0000:01:00.0\nDevice Minor: \t x\n", wantErr: "Device Minor"},
@@ -159,8 +159,8 @@ func TestUUIDsByAddress(t *testing.T) {
 		}
 		for _, want := range []string{
 			filepath.Join(dir, "0000:05:00.0", "information") + ": no such file",
-			filepath.Join(dir, "0000:06:00.0", "information") + ": no Bus Location",
-			filepath.Join(dir, "0000:07:00.0", "information") + ": Bus Location 0000:04:00.0 is not its directory's",
+			filepath.Join(dir, "0000:06:00.0", "information") + `: no "Bus Location"`,
+			filepath.Join(dir, "0000:07:00.0", "information") + `: "Bus Location" 0000:04:00.0 is not its directory's`,
 			filepath.Join(dir, "power", "information") + ": directory name",
 		} {
 			if !strings.Contains(err.Error(), want) {
