@@ -16,9 +16,12 @@ GOTEST   ?= $(GO) test -count=1
 # instead of 23.5 (test/host.ProductBuildFlags).
 export CGO_ENABLED := 0
 export GOFLAGS := -trimpath -tags=grpcnotrace $(filter-out -trimpath -tags=grpcnotrace,$(GOFLAGS))
-PKGS_UNIT := ./cmd/... ./conditions/... ./shim/... ./agent/... ./cri/...
+PKGS_UNIT := ./cmd/... ./internal/... ./conditions/... ./shim/... ./agent/... ./cri/...
 PKGS_INTEGRATION := ./test/...
-MAINS    := coroner-shim coroner-agent coronerctl coroner-lab
+MAINS    := coroner-shim coroner-agent coronerctl
+# coroner-lab (the lab, and coronerctl chaos's node-side verbs) links test code, so its
+# main lives under test/; make build installs it beside coronerctl, where chaos finds it.
+LAB_MAIN := ./test/lab/cmd/coroner-lab
 
 .PHONY: all deps build tools deploy-tools helm-test lint test test-unit test-integration fuzz bench bench-agent bench-agent-storm bench-shim bench-nodeloss bench-on-lab lab lab-down lab-redeploy lab-status test-lab e2e chaos-test e2e-upstream e2e-kind kind-image kind-lab kind-down clean help FORCE
 
@@ -29,7 +32,7 @@ help: ## list the targets
 
 build: ## build coroner-shim, coroner-agent, coronerctl and coroner-lab (the lab, and coronerctl chaos's node actions) into _output/bin
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(MAINS))
+	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(MAINS)) $(LAB_MAIN)
 	ln -sf coronerctl $(BIN)/kubectl-coroner
 
 deps: ## install the Debian packages the build, tests and lab need, when missing (root; says what it installs)
@@ -38,20 +41,20 @@ deps: ## install the Debian packages the build, tests and lab need, when missing
 tools: deps ## build Kubernetes v1.36.3, etcd, containerd 2.4 and 1.7 and runc from their Go modules into _output/bin (skips what is built)
 	test/tools/build.sh
 
-# The binaries users install link no test code: the lab's verbs live in coroner-lab.
-PRODUCT_MAINS := coroner-agent coroner-shim coronerctl
-
-lint: ## gofmt, go vet, golangci-lint (.golangci.yml: staticcheck, errcheck, unused, ineffassign, misspell; built from its module), and no test/ package in the product binaries' imports
+lint: lint-imports ## gofmt, go vet, golangci-lint (.golangci.yml: staticcheck, errcheck, unused, ineffassign, misspell; built from its module), and no test/ package in the product binaries' imports
 	@bad=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './_output/*')); \
 	  if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 	cd test/tools && $(GO) vet ./etcd/
 	test/tools/build.sh golangci-lint
 	$(BIN)/golangci-lint run ./...
-	@for m in $(PRODUCT_MAINS); do \
-	  t=$$($(GO) list -deps ./cmd/$$m | grep '^github.com/coroner-dev/coroner/test/' || true); \
-	  if [ -n "$$t" ]; then echo "cmd/$$m links test code (move it to coroner-lab or behind an interface):"; echo "$$t"; exit 1; fi; \
-	done
+
+# The binaries users install link no test code: no package under cmd/ imports a test/
+# package, directly or not (the lab's verbs live in coroner-lab, under test/).
+.PHONY: lint-imports
+lint-imports: ## (part of lint) nothing under cmd/ links test/; coroner-agent links no reflection-by-name package
+	@t=$$($(GO) list -deps ./cmd/... | grep '^github.com/coroner-dev/coroner/test/' || true); \
+	  if [ -n "$$t" ]; then echo "cmd/ links test code (move it to test/lab/cmd/coroner-lab or behind an interface; go list -deps -f '{{.ImportPath}}: {{.Imports}}' ./cmd/... shows the importer):"; echo "$$t"; exit 1; fi
 	@t=$$($(GO) list -deps ./cmd/coroner-agent | grep -E '^(html/template|text/template|golang.org/x/net/trace)$$' || true); \
 	  if [ -n "$$t" ]; then echo "cmd/coroner-agent links $$t: its binary keeps every exported method (reflection by name); build with -tags=grpcnotrace, and find the new importer with go list -deps -f"; exit 1; fi
 
@@ -130,7 +133,7 @@ ROOT_CHECK = @if [ "$$(id -u)" != 0 ]; then echo "make $@ must run as root: the 
 
 $(LAB): FORCE
 	@mkdir -p $(BIN)
-	$(GO) build -o $(LAB) ./cmd/coroner-lab
+	$(GO) build -o $(LAB) $(LAB_MAIN)
 
 lab: deps build $(LAB) ## local 3-node lab (real kubelets, containerd 2.x and 1.6 in netns, no Docker), coroner deployed, a demo Job explained; LAB_PLATFORMS=1 adds Kueue and JobSet (root)
 	$(ROOT_CHECK)

@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/coroner-dev/coroner/agent"
-	"github.com/coroner-dev/coroner/cmd/internal/cli"
+	"github.com/coroner-dev/coroner/internal/cli"
 )
 
 const summary = `coroner-agent: watches the container runtime on this node over CRI and stamps pods with

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/coroner-dev/coroner/cmd/internal/cli"
+	"github.com/coroner-dev/coroner/internal/cli"
 	"github.com/coroner-dev/coroner/shim"
 )
 

@@ -156,7 +156,7 @@ type Config struct {
 	SkipDemo bool
 
 	// VM adds the VM node lab-node-4 (systemd, cgroup v2, QEMU: vm.go); LAB_VM=1 for
-	// cmd/coroner-lab.
+	// coroner-lab (test/lab/cmd/coroner-lab).
 	VM bool
 }
 

@@ -520,7 +520,7 @@ func (c Config) health(ctx context.Context, st *State) error {
 func (c Config) labCommand() string {
 	exe, err := os.Executable()
 	if err != nil || strings.Contains(exe, "go-build") {
-		return "go run ./cmd/coroner-lab"
+		return "go run ./test/lab/cmd/coroner-lab"
 	}
 	return c.shortPath(exe)
 }

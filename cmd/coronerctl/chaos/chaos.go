@@ -15,7 +15,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/coroner-dev/coroner/cmd/internal/cli"
+	"github.com/coroner-dev/coroner/internal/cli"
 )
 
 // Usage is the summary of `coronerctl chaos --help`.

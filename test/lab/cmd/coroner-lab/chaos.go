@@ -18,7 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/coroner-dev/coroner/cmd/internal/cli"
+	"github.com/coroner-dev/coroner/internal/cli"
 	"github.com/coroner-dev/coroner/test/host"
 	"github.com/coroner-dev/coroner/test/kind"
 	"github.com/coroner-dev/coroner/test/lab"

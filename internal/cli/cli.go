@@ -1,5 +1,6 @@
-// Package cli is what coroner's mains share: flag parsing that prints the full usage only
-// for --help and a single line for a bad flag, and the client configuration.
+// Package cli is what coroner's mains (cmd/, and test/lab/cmd/coroner-lab) share: flag
+// parsing that prints the full usage only for --help and a single line for a bad flag, and
+// the client configuration.
 package cli
 
 import (

@@ -17,7 +17,7 @@ func TestMainsCommandLine(t *testing.T) {
 		t.Skip("builds the mains")
 	}
 	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+"/", "../../coroner-shim", "../../coroner-agent", "../../coronerctl")
+	build := exec.Command("go", "build", "-o", bin+"/", "../../cmd/coroner-shim", "../../cmd/coroner-agent", "../../cmd/coronerctl")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

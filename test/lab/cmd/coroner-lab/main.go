@@ -1,6 +1,9 @@
 // Command coroner-lab runs coroner's local lab (test/lab): a Kubernetes cluster of
 // processes on this machine with three nodes of real kubelets and containerd, coroner
-// deployed, and a demo Job. `make lab` and `make lab-down` call it.
+// deployed, and a demo Job. `make lab` and `make lab-down` call it, and `coronerctl chaos`
+// runs its chaos command for the node-side verbs. It lives under test/ because it links
+// the lab's code; make build still installs it as _output/bin/coroner-lab, beside
+// coronerctl, where coronerctl looks for it.
 package main
 
 import (
@@ -15,7 +18,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/coroner-dev/coroner/cmd/internal/cli"
+	"github.com/coroner-dev/coroner/internal/cli"
 	"github.com/coroner-dev/coroner/test/lab"
 )
 
