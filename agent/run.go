@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"time"
@@ -24,6 +23,7 @@ import (
 	"github.com/coroner-dev/coroner/agent/metrics"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/cri"
+	"github.com/coroner-dev/coroner/internal/daemon"
 )
 
 // ServerCheckTimeout bounds the check, at start, that the API server answers.
@@ -88,13 +88,13 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		return fmt.Errorf("building the client: %w", err)
 	}
 	if !opts.Fencing {
-		if err := checkServer(ctx, client); err != nil {
+		if err := daemon.CheckAPIServer(ctx, client, ServerCheckTimeout); err != nil {
 			return fmt.Errorf("cannot reach the API server at %s: %w", cfg.Host, err)
 		}
 	} else {
 		// Not waited for: the fence clock runs from the start, whatever the answer.
 		go func() {
-			if err := checkServer(ctx, client); err != nil && ctx.Err() == nil {
+			if err := daemon.CheckAPIServer(ctx, client, ServerCheckTimeout); err != nil && ctx.Err() == nil {
 				logger.Error(err, "Cannot reach the API server at start; starting anyway, since --fencing is on: the node is fenced (the containers of its opted-in pods stopped) --fence-after after the start unless the fencing Lease is renewed by then",
 					"host", cfg.Host, "start", start.UTC().Format(time.RFC3339Nano), "fenceAfter", opts.FenceAfter,
 					"fencesAt", start.Add(opts.FenceAfter).UTC().Format(time.RFC3339Nano))
@@ -188,7 +188,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		reg.MustRegister(watcher.Collector(metrics.Namespace, metrics.Subsystem))
 		mux.Handle("/healthz", HealthHandler(Alive))
 		mux.Handle("/readyz", HealthHandler(a.Healthy))
-		s, err := serve(ctx, opts.MetricsAddress, mux)
+		s, err := daemon.Serve(ctx, "/metrics, /healthz and /readyz", opts.MetricsAddress, mux)
 		if err != nil {
 			return err
 		}
@@ -199,18 +199,6 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		}()
 	}
 	return a.Run(ctx)
-}
-
-// checkServer asks the API server for its version, within ServerCheckTimeout.
-func checkServer(ctx context.Context, client kubernetes.Interface) error {
-	ctx, cancel := context.WithTimeout(ctx, ServerCheckTimeout)
-	defer cancel()
-	body, err := client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Raw()
-	if err != nil {
-		return err
-	}
-	klog.FromContext(ctx).V(2).Info("The API server answers", "version", string(body))
-	return nil
 }
 
 // startKernelLog opens the kernel log at its oldest record and sends its OOM kills until
@@ -235,24 +223,6 @@ func startKernelLog(ctx context.Context, path string) (chan kmsg.OOMKill, <-chan
 	}()
 	logger.Info("Reading the kernel log for OOM kills, from its oldest record", "path", path)
 	return out, r.CaughtUp(), nil
-}
-
-// serve listens on addr (synchronously, so that a bad address fails Run) and serves mux
-// in the background.
-func serve(ctx context.Context, addr string, mux http.Handler) (*http.Server, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("serving /metrics, /healthz and /readyz: %w", err)
-	}
-	s := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	logger := klog.FromContext(ctx)
-	logger.Info("Serving /metrics, /healthz and /readyz", "address", ln.Addr().String())
-	go func() {
-		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error(err, "HTTP server stopped")
-		}
-	}()
-	return s, nil
 }
 
 // disownLease takes the fence-after annotation off the Lease an earlier agent of this node

@@ -2,9 +2,7 @@ package shim
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -26,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 
+	"github.com/coroner-dev/coroner/internal/daemon"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/informers"
@@ -75,7 +74,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		return err
 	}
 	client := clients.Kube
-	if err := checkServer(ctx, client); err != nil {
+	if err := daemon.CheckAPIServer(ctx, client, ServerCheckTimeout); err != nil {
 		return fmt.Errorf("cannot reach the API server at %s: %w", cfg.Host, err)
 	}
 	if opts.JobRecords {
@@ -130,7 +129,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	if opts.MetricsAddress != "0" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		s, err := serve(ctx, "metrics", opts.MetricsAddress, mux)
+		s, err := daemon.Serve(ctx, "metrics", opts.MetricsAddress, mux)
 		if err != nil {
 			return err
 		}
@@ -157,7 +156,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 				http.Error(w, "caches not synced yet", http.StatusServiceUnavailable)
 			}
 		})
-		s, err := serve(ctx, "health", opts.HealthAddress, mux)
+		s, err := daemon.Serve(ctx, "health", opts.HealthAddress, mux)
 		if err != nil {
 			return err
 		}
@@ -168,18 +167,6 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		return runController(ctx, ctrl, opts.ShutdownGrace)
 	}
 	return runLeaderElected(ctx, cfg, opts, ctrl, m, watchdog, &leading)
-}
-
-// checkServer asks the API server for its version, within ServerCheckTimeout.
-func checkServer(ctx context.Context, client kubernetes.Interface) error {
-	ctx, cancel := context.WithTimeout(ctx, ServerCheckTimeout)
-	defer cancel()
-	body, err := client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Raw()
-	if err != nil {
-		return err
-	}
-	klog.FromContext(ctx).V(2).Info("The API server answers", "version", string(body))
-	return nil
 }
 
 // RecordsConfig is where the Job controller writes the JobRecords through cfg: a dynamic
@@ -231,24 +218,6 @@ func checkJobRecords(ctx context.Context, client kubernetes.Interface) error {
 		}
 	}
 	return fmt.Errorf("the API server does not serve %s %s: install the CRD (kubectl apply -f deploy/base/jobrecord-crd.yaml; the kustomize base and the Helm chart include it), or run with --job-records=false (coronerctl explain then tells only the pods that still exist)", gv, record.Resource)
-}
-
-// serve listens on addr (synchronously, so that a bad address fails Run) and serves mux
-// in the background.
-func serve(ctx context.Context, name, addr string, mux http.Handler) (*http.Server, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("serving %s: %w", name, err)
-	}
-	s := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	logger := klog.FromContext(ctx)
-	logger.Info("Serving", "server", name, "address", ln.Addr().String())
-	go func() {
-		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error(err, "HTTP server stopped", "server", name)
-		}
-	}()
-	return s, nil
 }
 
 // runController runs ctrl until ctx is done, then waits up to grace for it to stop.
