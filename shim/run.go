@@ -25,11 +25,11 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/coroner-dev/coroner/internal/daemon"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/informers"
 	"github.com/coroner-dev/coroner/shim/metrics"
-	"github.com/coroner-dev/coroner/shim/record"
 	"github.com/coroner-dev/coroner/shim/recoverer"
 	"github.com/coroner-dev/coroner/shim/recovery"
 )
@@ -193,13 +193,13 @@ var jobRecordsWait = 30 * time.Second
 // checkJobRecords fails, saying what to do, when the API server does not serve JobRecords
 // (the CRD is not installed) within jobRecordsWait.
 func checkJobRecords(ctx context.Context, client kubernetes.Interface) error {
-	gv := record.Group + "/" + record.Version
+	gv := v1alpha1.Group + "/" + v1alpha1.Version
 	served := func() (bool, error) {
 		list, err := client.Discovery().ServerResourcesForGroupVersion(gv)
 		if err != nil && !apierrors.IsNotFound(err) {
-			return false, fmt.Errorf("checking that the API server serves %s %s: %w", gv, record.Resource, err)
+			return false, fmt.Errorf("checking that the API server serves %s %s: %w", gv, v1alpha1.Resource, err)
 		}
-		return list != nil && slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == record.Resource }), nil
+		return list != nil && slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == v1alpha1.Resource }), nil
 	}
 	deadline := time.Now().Add(jobRecordsWait)
 	for {
@@ -217,7 +217,7 @@ func checkJobRecords(ctx context.Context, client kubernetes.Interface) error {
 		case <-time.After(2 * time.Second):
 		}
 	}
-	return fmt.Errorf("the API server does not serve %s %s: install the CRD (kubectl apply -f deploy/base/jobrecord-crd.yaml; the kustomize base and the Helm chart include it), or run with --job-records=false (coronerctl explain then tells only the pods that still exist)", gv, record.Resource)
+	return fmt.Errorf("the API server does not serve %s %s: install the CRD (kubectl apply -f deploy/base/jobrecord-crd.yaml; the kustomize base and the Helm chart include it), or run with --job-records=false (coronerctl explain then tells only the pods that still exist)", gv, v1alpha1.Resource)
 }
 
 // runController runs ctrl until ctx is done, then waits up to grace for it to stop.

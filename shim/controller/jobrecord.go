@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/metadata"
 	"k8s.io/klog/v2"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/shim/metrics"
 	"github.com/coroner-dev/coroner/shim/record"
 )
@@ -64,18 +65,18 @@ type records struct {
 	mu sync.Mutex
 	// stored is the last known record of each Job by key (namespace/name), nil entries
 	// never; a record whose JobUID is not the Job's is an earlier Job's.
-	stored map[string]*record.JobRecord
+	stored map[string]*v1alpha1.JobRecord
 }
 
 func newRecords(cfg RecordsConfig, m *metrics.Metrics) *records {
-	r := &records{max: cfg.MaxPods, metrics: m, stored: map[string]*record.JobRecord{}}
+	r := &records{max: cfg.MaxPods, metrics: m, stored: map[string]*v1alpha1.JobRecord{}}
 	if r.max <= 0 {
 		r.max = DefaultRecordMaxPods
 	}
 	if cfg.Client != nil {
-		r.client = cfg.Client.Resource(record.GroupVersionResource)
+		r.client = cfg.Client.Resource(v1alpha1.GroupVersionResource)
 		if cfg.Metadata != nil {
-			r.meta = cfg.Metadata.Resource(record.GroupVersionResource)
+			r.meta = cfg.Metadata.Resource(v1alpha1.GroupVersionResource)
 		}
 	}
 	return r
@@ -108,7 +109,7 @@ func (r *records) forget(key string) {
 // write stores the entries in the Job's record. Only one sync of a Job runs at a time
 // (the queue's guarantee), so the only concurrent writer is another shim (a leader
 // change), which the resourceVersion precondition of the patch catches.
-func (r *records) write(ctx context.Context, key string, job *batchv1.Job, entries []record.Entry) error {
+func (r *records) write(ctx context.Context, key string, job *batchv1.Job, entries []v1alpha1.Entry) error {
 	if r.client == nil || len(entries) == 0 {
 		return nil
 	}
@@ -132,8 +133,8 @@ func (r *records) write(ctx context.Context, key string, job *batchv1.Job, entri
 		stored = nil
 	}
 	if stored == nil {
-		o := record.New(job.Namespace, job.Name, job.UID)
-		var rec record.Record
+		o := v1alpha1.New(job.Namespace, job.Name, job.UID)
+		var rec v1alpha1.Record
 		rec.Add(r.max, entries...)
 		o.Set(rec, r.max)
 		created, n, err := r.create(ctx, o)
@@ -163,7 +164,7 @@ func (r *records) write(ctx context.Context, key string, job *batchv1.Job, entri
 		return fmt.Errorf("writing the JobRecord of Job %s: %w", key, err)
 	}
 	// The record as stored, from the patch and the answer's resourceVersion.
-	o, err := stored.Patched(patch, rv)
+	o, err := record.Patched(stored, patch, rv)
 	if err != nil {
 		r.forget(key)
 		return err
@@ -174,7 +175,7 @@ func (r *records) write(ctx context.Context, key string, job *batchv1.Job, entri
 }
 
 // get reads the Job's record; nil when there is none.
-func (r *records) get(ctx context.Context, job *batchv1.Job) (*record.JobRecord, error) {
+func (r *records) get(ctx context.Context, job *batchv1.Job) (*v1alpha1.JobRecord, error) {
 	u, err := r.client.Namespace(job.Namespace).Get(ctx, job.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
@@ -185,7 +186,7 @@ func (r *records) get(ctx context.Context, job *batchv1.Job) (*record.JobRecord,
 	return fromUnstructured(u)
 }
 
-func (r *records) create(ctx context.Context, o *record.JobRecord) (*record.JobRecord, int, error) {
+func (r *records) create(ctx context.Context, o *v1alpha1.JobRecord) (*v1alpha1.JobRecord, int, error) {
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
 	if err != nil {
 		return nil, 0, err
@@ -203,7 +204,7 @@ func (r *records) create(ctx context.Context, o *record.JobRecord) (*record.JobR
 	return created, len(body), err
 }
 
-func (r *records) written(key string, o *record.JobRecord, verb string, bytes int, entries []record.Entry) {
+func (r *records) written(key string, o *v1alpha1.JobRecord, verb string, bytes int, entries []v1alpha1.Entry) {
 	r.mu.Lock()
 	r.stored[key] = o
 	r.mu.Unlock()
@@ -232,8 +233,8 @@ func (r *records) count(verb string, err error) {
 // errUnreadable marks a stored record that does not decode: retrying does not mend it.
 var errUnreadable = errors.New("unreadable JobRecord")
 
-func fromUnstructured(u *unstructured.Unstructured) (*record.JobRecord, error) {
-	o, err := record.FromUnstructured(u)
+func fromUnstructured(u *unstructured.Unstructured) (*v1alpha1.JobRecord, error) {
+	o, err := v1alpha1.FromUnstructured(u)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUnreadable, err)
 	}
@@ -264,7 +265,7 @@ type recordWrite struct {
 }
 
 // startRecordWrite writes the entries to the Job's record in the background.
-func (c *Controller) startRecordWrite(ctx context.Context, key string, job *batchv1.Job, entries []record.Entry) *recordWrite {
+func (c *Controller) startRecordWrite(ctx context.Context, key string, job *batchv1.Job, entries []v1alpha1.Entry) *recordWrite {
 	w := &recordWrite{done: make(chan struct{}), logger: klog.FromContext(ctx), entries: len(entries)}
 	if len(entries) == 0 {
 		close(w.done)

@@ -24,11 +24,11 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/jobsync"
 	"github.com/coroner-dev/coroner/shim/memretry"
-	recordpkg "github.com/coroner-dev/coroner/shim/record"
 )
 
 // apiCall is one write the controller sent to the API server.
@@ -204,7 +204,7 @@ func TestSyncRecordFailsBesideTheStatusWrite(t *testing.T) {
 			f := newFixture(t, job, excess, done)
 			f.inCache(t, job, excess, done)
 			dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-				map[schema.GroupVersionResource]string{recordpkg.GroupVersionResource: recordpkg.Kind + "List"})
+				map[schema.GroupVersionResource]string{v1alpha1.GroupVersionResource: v1alpha1.Kind + "List"})
 			dyn.PrependReactor("create", "jobrecords", func(clienttesting.Action) (bool, runtime.Object, error) {
 				return true, nil, apierrors.NewInternalError(errors.New("etcd is away"))
 			})
@@ -212,7 +212,7 @@ func TestSyncRecordFailsBesideTheStatusWrite(t *testing.T) {
 			writes := recordWrites(f)
 			plan := fullPlan(job, excess, done)
 			plan.Status.UncountedTerminatedPods = &batchv1.UncountedTerminatedPods{Failed: []types.UID{done.UID}}
-			plan.Leaving = []recordpkg.Entry{{Name: "done", Phase: corev1.PodFailed, Outcome: recordpkg.OutcomeFailed}}
+			plan.Leaving = []v1alpha1.Entry{{Name: "done", Phase: corev1.PodFailed, Outcome: v1alpha1.OutcomeFailed}}
 			if !withDelete {
 				plan.Delete = nil
 			}

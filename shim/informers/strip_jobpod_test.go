@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/memretry"
@@ -126,7 +127,7 @@ func TestStripJobPod(t *testing.T) {
 		t.Errorf("policy.Match: stripped %+v, whole %+v", got, want)
 	}
 	now := metav1.NewTime(time.Date(2026, 11, 27, 12, 5, 0, 0, time.UTC))
-	d := record.Decision{Outcome: record.OutcomeFailed, Why: "test"}
+	d := record.Decision{Outcome: v1alpha1.OutcomeFailed, Why: "test"}
 	if got, want := record.Of(p, d, now), record.Of(full, d, now); !reflect.DeepEqual(got, want) {
 		t.Errorf("record.Of: stripped %+v, whole %+v", got, want)
 	}

@@ -9,6 +9,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/policy"
@@ -69,9 +70,9 @@ func (s *state) consequence(p *corev1.Pod, r policy.Result, ix int) string {
 // decision is the record of a failed pod that leaves the Job: counted, or ignored by a
 // rule.
 func (s *state) decision(p *corev1.Pod, r policy.Result, ix int) record.Decision {
-	d := record.Decision{Outcome: record.OutcomeFailed, Consequence: s.consequence(p, r, ix)}
+	d := record.Decision{Outcome: v1alpha1.OutcomeFailed, Consequence: s.consequence(p, r, ix)}
 	if !r.CountsAsFailure() {
-		d.Outcome = record.OutcomeIgnored
+		d.Outcome = v1alpha1.OutcomeIgnored
 	}
 	if r.Matched() && r.RuleIndex != growthRule {
 		d.Rule, d.Action = r.RuleIndex, r.Action

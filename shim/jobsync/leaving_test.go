@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/shim/record"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
@@ -128,7 +129,7 @@ func TestLeavingWhenTheJobFailsWhileAPodRuns(t *testing.T) {
 	j := job(wrappers.MakeJob("j", "ns").Completions(2).Parallelism(2).BackoffLimit(0))
 	bad, other := tracked(failed("j-a", 1)), tracked(running("j-b"))
 	plan := sync(j, bad, other)
-	var rec record.Record
+	var rec v1alpha1.Record
 	rec.Add(0, plan.Leaving...)
 
 	// The next sync: the shim's deletion of j-b shows; both are counted and let go.
@@ -137,18 +138,18 @@ func TestLeavingWhenTheJobFailsWhileAPodRuns(t *testing.T) {
 	plan = Sync(Input{Job: j, Pods: []*corev1.Pod{bad, other}, Now: now.Add(time.Second), ExpectationsSatisfied: true})
 	rec.Add(0, plan.Leaving...)
 	got, ok := rec.Find("j-b")
-	if !ok || got.Outcome != record.OutcomeFailed {
+	if !ok || got.Outcome != v1alpha1.OutcomeFailed {
 		t.Fatalf("j-b's entry = %+v, %v", got, ok)
 	}
 
 	// Had the sync that deleted j-b not let it go (the Job's end planned again later), the
 	// sync that counts it sees it terminating, still Running: the same words.
-	rec = record.Record{}
-	rec.Add(0, record.Of(other, record.Decision{Outcome: record.OutcomeDeleted, Why: "job failed: BackoffLimitExceeded"}, metav1.NewTime(now)))
+	rec = v1alpha1.Record{}
+	rec.Add(0, record.Of(other, record.Decision{Outcome: v1alpha1.OutcomeDeleted, Why: "job failed: BackoffLimitExceeded"}, metav1.NewTime(now)))
 	plan = sync(job(wrappers.MakeJob("j", "ns").Completions(2).Parallelism(2).BackoffLimit(0)), bad, other)
 	rec.Add(0, plan.Leaving...)
 	got, ok = rec.Find("j-b")
-	if !ok || got.Outcome != record.OutcomeFailed || got.Why != "job failed: BackoffLimitExceeded" ||
+	if !ok || got.Outcome != v1alpha1.OutcomeFailed || got.Why != "job failed: BackoffLimitExceeded" ||
 		got.Consequence != "counted as failed: the Job failed (BackoffLimitExceeded) while it ran" {
 		t.Errorf("j-b's entry = %+v, want Failed, counted as the Job failed, deleted by the shim for it", got)
 	}
@@ -166,7 +167,7 @@ func TestUncountedRecordedAgain(t *testing.T) {
 	if got := names(plan.RemoveFinalizer); !slices.Equal(got, []string{"j-a"}) {
 		t.Errorf("finalizers removed of %q, want j-a", got)
 	}
-	if len(plan.Leaving) != 1 || plan.Leaving[0].Name != "j-a" || plan.Leaving[0].Outcome != record.OutcomeFailed {
+	if len(plan.Leaving) != 1 || plan.Leaving[0].Name != "j-a" || plan.Leaving[0].Outcome != v1alpha1.OutcomeFailed {
 		t.Errorf("leaving %+v, want j-a Failed", plan.Leaving)
 	}
 	if plan.Status.Failed != 0 || len(plan.Status.UncountedTerminatedPods.Failed) != 1 {

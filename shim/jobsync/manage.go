@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/record"
@@ -170,7 +171,7 @@ func (s *state) firstPendingIndexes(count int) []int {
 func (s *state) deletePods(pods []*corev1.Pod, removeFinalizerFirst bool, reason string) (deleted, deletedReady int32) {
 	for _, p := range pods[:min(len(pods), MaxPodCreateDeletePerSync)] {
 		s.plan.Delete = append(s.plan.Delete, PodDelete{Pod: p, RemoveFinalizerFirst: removeFinalizerFirst, Reason: reason})
-		s.leave(p, record.Decision{Outcome: record.OutcomeDeleted, Why: reason})
+		s.leave(p, record.Decision{Outcome: v1alpha1.OutcomeDeleted, Why: reason})
 		deleted++
 		if isReady(p) {
 			deletedReady++

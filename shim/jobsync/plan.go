@@ -37,8 +37,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/shim/backoff"
-	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // MaxPodCreateDeletePerSync bounds the pods one sync creates, and those it deletes.
@@ -101,7 +101,7 @@ type Plan struct {
 	// writes). The controller writes them to the Job's JobRecord
 	// before anything else, so that a pod is never gone (or uncounted from the record's
 	// point of view) before its story is stored.
-	Leaving []record.Entry
+	Leaving []v1alpha1.Entry
 
 	// Record is the Job's new global backoff record; keep it after the status write.
 	Record backoff.Record

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/utils/ptr"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/indexes"
 	"github.com/coroner-dev/coroner/shim/memretry"
@@ -82,7 +83,7 @@ func Sync(in Input) Plan {
 			if hasTrackingFinalizer(p) && !in.FinalizersBeingRemoved.Has(p.UID) {
 				plan.RemoveFinalizer = append(plan.RemoveFinalizer, p)
 				if p.Status.Phase != corev1.PodSucceeded {
-					plan.Leaving = append(plan.Leaving, record.Of(p, record.Decision{Outcome: record.OutcomeDeleted, Why: "left after the Job finished, not counted"}, metav1.NewTime(in.Now.Truncate(time.Second))))
+					plan.Leaving = append(plan.Leaving, record.Of(p, record.Decision{Outcome: v1alpha1.OutcomeDeleted, Why: "left after the Job finished, not counted"}, metav1.NewTime(in.Now.Truncate(time.Second))))
 				}
 			}
 		}

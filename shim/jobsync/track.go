@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/utils/ptr"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/memretry"
@@ -82,7 +83,7 @@ func (s *state) track() {
 				break
 			}
 			if s.indexed && ix == noIndex {
-				s.leave(p, record.Decision{Outcome: record.OutcomeIgnored, Consequence: "not counted: its completion index is out of range"})
+				s.leave(p, record.Decision{Outcome: v1alpha1.OutcomeIgnored, Consequence: "not counted: its completion index is out of range"})
 				break
 			}
 			action := string(r.Action)
@@ -103,7 +104,7 @@ func (s *state) track() {
 		default:
 			// Leaves without counting: the Job was deleted, or it succeeded while the
 			// pod ran.
-			s.leave(p, record.Decision{Outcome: record.OutcomeDeleted})
+			s.leave(p, record.Decision{Outcome: v1alpha1.OutcomeDeleted})
 		}
 		if added >= maxUncountedPods {
 			reachedMax = true

@@ -4,88 +4,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"slices"
-	"strings"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 )
-
-// The stored form: one JobRecord object (coroner.dev/v1alpha1, namespaced, CRD in
-// deploy/base/jobrecord-crd.yaml) per Job, named after the Job and owned by it, so that
-// the garbage collector deletes it with the Job.
-const (
-	Group    = "coroner.dev"
-	Version  = "v1alpha1"
-	Kind     = "JobRecord"
-	Resource = "jobrecords"
-)
-
-// GroupVersionResource is the JobRecords' resource, for a dynamic client.
-var GroupVersionResource = schema.GroupVersionResource{Group: Group, Version: Version, Resource: Resource}
-
-// JobRecord is the stored object. The pods are a map keyed by pod name rather than a list
-// so that a write is a JSON merge patch of only the entries that changed (a few hundred
-// bytes per pod) rather than the whole record, which for a Job of thousands of pods is
-// hundreds of kilobytes.
-type JobRecord struct {
-	metav1.TypeMeta   `json:",inline"`
-	metav1.ObjectMeta `json:"metadata,omitempty"`
-	// JobUID is the UID of the Job the record is of; a record of an earlier Job of the
-	// same name is not this Job's.
-	JobUID types.UID `json:"jobUID"`
-	// MaxPods is the bound the shim kept the record within when it last wrote it.
-	MaxPods int32 `json:"maxPods,omitempty"`
-	// Pods are the entries by pod name.
-	Pods map[string]Entry `json:"pods,omitempty"`
-	// Dropped counts the entries dropped past MaxPods, by outcome.
-	Dropped map[Outcome]int32 `json:"dropped,omitempty"`
-}
-
-// New is the empty JobRecord of a Job, owned by it (not a controller reference: the Job
-// controls its pods, the record only goes with it; blockOwnerDeletion is left unset so
-// that the shim needs no update right on jobs/finalizers).
-func New(namespace, jobName string, jobUID types.UID) *JobRecord {
-	return &JobRecord{
-		TypeMeta: metav1.TypeMeta{APIVersion: Group + "/" + Version, Kind: Kind},
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: jobName, OwnerReferences: []metav1.OwnerReference{{
-			APIVersion: "batch/v1", Kind: "Job", Name: jobName, UID: jobUID,
-		}}},
-		JobUID: jobUID,
-	}
-}
-
-// Record is the stored entries as a Record, oldest recorded first (ties by name: the
-// stored times have a resolution of one second).
-func (o *JobRecord) Record() Record {
-	r := Record{Entries: slices.Collect(maps.Values(o.Pods)), Dropped: maps.Clone(o.Dropped)}
-	slices.SortFunc(r.Entries, func(a, b Entry) int {
-		if c := a.Recorded.Compare(b.Recorded.Time); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Name, b.Name)
-	})
-	return r
-}
-
-// Set makes o hold r, bounded by max.
-func (o *JobRecord) Set(r Record, max int) {
-	o.Pods = make(map[string]Entry, len(r.Entries))
-	for _, e := range r.Entries {
-		o.Pods[e.Name] = e
-	}
-	o.Dropped = maps.Clone(r.Dropped)
-	o.MaxPods = int32(max)
-}
 
 // MergePatch is the JSON merge patch that turns old into next: the entries added or
 // changed, null for those dropped, the drop counts and the bound, and old's
 // resourceVersion, which makes the API server refuse the patch (409 Conflict) when the
 // stored record is no longer old. ok is false when there is nothing to write.
-func MergePatch(old *JobRecord, next Record, max int) (patch []byte, ok bool, err error) {
+func MergePatch(old *v1alpha1.JobRecord, next v1alpha1.Record, max int) (patch []byte, ok bool, err error) {
 	pods := map[string]any{}
 	names := map[string]bool{}
 	for _, e := range next.Entries {
@@ -94,7 +21,7 @@ func MergePatch(old *JobRecord, next Record, max int) (patch []byte, ok bool, er
 		switch {
 		case !found:
 			pods[e.Name] = e
-		case !equal(was, e):
+		case !was.Equivalent(e):
 			// A merge patch merges an object into the stored one: the fields the changed
 			// entry no longer has must be sent as null, or the stored entry keeps them.
 			v, err := replacing(was, e)
@@ -126,10 +53,10 @@ func MergePatch(old *JobRecord, next Record, max int) (patch []byte, ok bool, er
 
 // replacing is the merge patch value that turns the stored entry was into e: e's fields,
 // and null for each field, at any depth, that was has and e does not.
-func replacing(was, e Entry) (map[string]any, error) {
+func replacing(was, e v1alpha1.Entry) (map[string]any, error) {
 	var before, after map[string]any
 	for _, c := range []struct {
-		e   Entry
+		e   v1alpha1.Entry
 		out *map[string]any
 	}{{was, &before}, {e, &after}} {
 		b, err := json.Marshal(c.e)
@@ -168,11 +95,11 @@ func nullMissing(before, after map[string]any) {
 // decoding the API server's answer, the whole record (about 600 KB at 2,000 entries),
 // after each write: 1.8 s of the shim's 39 s of CPU on bench-shim's indexed-10k. o is not
 // changed; the result shares o's entries, which are never changed in place.
-func (o *JobRecord) Patched(patch []byte, resourceVersion string) (*JobRecord, error) {
+func Patched(o *v1alpha1.JobRecord, patch []byte, resourceVersion string) (*v1alpha1.JobRecord, error) {
 	var p struct {
-		MaxPods *int32             `json:"maxPods"`
-		Pods    map[string]*Entry  `json:"pods"`
-		Dropped map[Outcome]*int32 `json:"dropped"`
+		MaxPods *int32                      `json:"maxPods"`
+		Pods    map[string]*v1alpha1.Entry  `json:"pods"`
+		Dropped map[v1alpha1.Outcome]*int32 `json:"dropped"`
 	}
 	if err := json.Unmarshal(patch, &p); err != nil {
 		return nil, fmt.Errorf("reading the JobRecord patch: %w", err)
@@ -205,61 +132,4 @@ func mergeMap[K comparable, V any](m map[K]V, patch map[K]*V) map[K]V {
 		}
 	}
 	return out
-}
-
-// DeepCopy copies o.
-func (o *JobRecord) DeepCopy() *JobRecord {
-	if o == nil {
-		return nil
-	}
-	c := &JobRecord{TypeMeta: o.TypeMeta, JobUID: o.JobUID, MaxPods: o.MaxPods, Dropped: maps.Clone(o.Dropped)}
-	o.DeepCopyInto(&c.ObjectMeta)
-	if o.Pods != nil {
-		c.Pods = make(map[string]Entry, len(o.Pods))
-		for k, e := range o.Pods {
-			c.Pods[k] = e.DeepCopy()
-		}
-	}
-	return c
-}
-
-// DeepCopyObject makes JobRecord a runtime.Object.
-func (o *JobRecord) DeepCopyObject() runtime.Object { return o.DeepCopy() }
-
-// DeepCopy copies e.
-func (e Entry) DeepCopy() Entry {
-	c := e
-	copyPtr := func(p *int32) *int32 {
-		if p == nil {
-			return nil
-		}
-		v := *p
-		return &v
-	}
-	c.Index, c.Rule = copyPtr(e.Index), copyPtr(e.Rule)
-	if e.Cause != nil {
-		cause := *e.Cause
-		if e.Cause.Exit != nil {
-			exit := *e.Cause.Exit
-			cause.Exit = &exit
-		}
-		c.Cause = &cause
-	}
-	if e.LastExit != nil {
-		x := *e.LastExit
-		c.LastExit = &x
-	}
-	if e.Finished != nil {
-		c.Finished = e.Finished.DeepCopy()
-	}
-	return c
-}
-
-// FromUnstructured reads a JobRecord as a dynamic client returns it.
-func FromUnstructured(u *unstructured.Unstructured) (*JobRecord, error) {
-	var o JobRecord
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &o); err != nil {
-		return nil, fmt.Errorf("reading the JobRecord %s/%s: %w", u.GetNamespace(), u.GetName(), err)
-	}
-	return &o, nil
 }

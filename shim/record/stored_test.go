@@ -10,10 +10,12 @@ import (
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 )
 
 // apply applies a merge patch to o as the API server does (JSON merge patch, RFC 7386).
-func apply(t *testing.T, o *JobRecord, patch []byte) *JobRecord {
+func apply(t *testing.T, o *v1alpha1.JobRecord, patch []byte) *v1alpha1.JobRecord {
 	t.Helper()
 	b, err := json.Marshal(o)
 	if err != nil {
@@ -23,7 +25,7 @@ func apply(t *testing.T, o *JobRecord, patch []byte) *JobRecord {
 	if err != nil {
 		t.Fatalf("applying %s: %v", patch, err)
 	}
-	var got JobRecord
+	var got v1alpha1.JobRecord
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatal(err)
 	}
@@ -32,16 +34,16 @@ func apply(t *testing.T, o *JobRecord, patch []byte) *JobRecord {
 
 func TestMergePatch(t *testing.T) {
 	at := func(s int) metav1.Time { return metav1.NewTime(t0.Add(time.Duration(s) * time.Second)) }
-	e := func(name string, o Outcome, s int) Entry {
-		return Entry{Name: name, Phase: corev1.PodFailed, Outcome: o, Recorded: at(s)}
+	e := func(name string, o v1alpha1.Outcome, s int) v1alpha1.Entry {
+		return v1alpha1.Entry{Name: name, Phase: corev1.PodFailed, Outcome: o, Recorded: at(s)}
 	}
-	stored := New("ns", "j", "uid-1")
+	stored := v1alpha1.New("ns", "j", "uid-1")
 	stored.ResourceVersion = "41"
-	stored.Set(Record{Entries: []Entry{e("a", OutcomeSucceeded, 0), e("b", OutcomeFailed, 1), e("c", OutcomeDeleted, 2)}}, 3)
+	stored.Set(v1alpha1.Record{Entries: []v1alpha1.Entry{e("a", v1alpha1.OutcomeSucceeded, 0), e("b", v1alpha1.OutcomeFailed, 1), e("c", v1alpha1.OutcomeDeleted, 2)}}, 3)
 
 	t.Run("only what changed is sent, and the record it makes is the new one", func(t *testing.T) {
 		next := stored.Record()
-		next.Add(3, e("d", OutcomeFailed, 3), Entry{Name: "c", Phase: corev1.PodFailed, Outcome: OutcomeFailed, Why: "job failed: BackoffLimitExceeded", Recorded: at(3)})
+		next.Add(3, e("d", v1alpha1.OutcomeFailed, 3), v1alpha1.Entry{Name: "c", Phase: corev1.PodFailed, Outcome: v1alpha1.OutcomeFailed, Why: "job failed: BackoffLimitExceeded", Recorded: at(3)})
 		patch, ok, err := MergePatch(stored, next, 3)
 		if err != nil || !ok {
 			t.Fatalf("MergePatch = %v, %v", ok, err)
@@ -62,19 +64,19 @@ func TestMergePatch(t *testing.T) {
 		}
 		got := apply(t, stored, patch)
 		// The stored order of entries recorded in the same second is by name.
-		norm := &JobRecord{}
+		norm := &v1alpha1.JobRecord{}
 		norm.Set(next, 3)
 		want := norm.Record()
 		if diff := cmp.Diff(want, got.Record()); diff != "" {
 			t.Errorf("the patched record (-want +got):\n%s", diff)
 		}
-		if got.Dropped[OutcomeSucceeded] != 1 {
+		if got.Dropped[v1alpha1.OutcomeSucceeded] != 1 {
 			t.Errorf("dropped = %v, want one Succeeded", got.Dropped)
 		}
 	})
 	t.Run("nothing to write", func(t *testing.T) {
 		next := stored.Record()
-		again := e("b", OutcomeFailed, 9) // recorded again, unchanged but for the time
+		again := e("b", v1alpha1.OutcomeFailed, 9) // recorded again, unchanged but for the time
 		if next.Add(3, again) {
 			t.Error("Add reported a change for an unchanged entry")
 		}
@@ -94,7 +96,7 @@ func TestMergePatch(t *testing.T) {
 // server uses), round after round of new entries, changed entries and entries dropped
 // past the bound, times with nanoseconds included.
 func TestPatched(t *testing.T) {
-	stored := New("ns", "train", "uid-1")
+	stored := v1alpha1.New("ns", "train", "uid-1")
 	stored.ResourceVersion = "1"
 	const max = 7
 	for round := range 6 {
@@ -102,10 +104,10 @@ func TestPatched(t *testing.T) {
 		for i := range 3 {
 			name := fmt.Sprintf("train-%d-%d", i, round)
 			at := t0.Add(time.Duration(round)*time.Second + time.Duration(i)*time.Millisecond + 123)
-			next.Add(max, Of(failedPod(name, fmt.Sprint(i), int32(round+1)), Decision{Outcome: OutcomeFailed, Consequence: "counts towards the backoff limit"}, metav1.NewTime(at)))
+			next.Add(max, Of(failedPod(name, fmt.Sprint(i), int32(round+1)), Decision{Outcome: v1alpha1.OutcomeFailed, Consequence: "counts towards the backoff limit"}, metav1.NewTime(at)))
 		}
 		if round == 3 { // an entry of an earlier round written again, changed
-			next.Add(max, Of(failedPod("train-0-2", "0", 9), Decision{Outcome: OutcomeDeleted, Why: "job failed: BackoffLimitExceeded"}, metav1.NewTime(t0.Add(3*time.Second))))
+			next.Add(max, Of(failedPod("train-0-2", "0", 9), Decision{Outcome: v1alpha1.OutcomeDeleted, Why: "job failed: BackoffLimitExceeded"}, metav1.NewTime(t0.Add(3*time.Second))))
 		}
 		patch, ok, err := MergePatch(stored, next, max)
 		if err != nil || !ok {
@@ -114,7 +116,7 @@ func TestPatched(t *testing.T) {
 		rv := fmt.Sprint(round + 2)
 		want := apply(t, stored, patch)
 		want.ResourceVersion = rv
-		got, err := stored.Patched(patch, rv)
+		got, err := Patched(stored, patch, rv)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,10 +128,10 @@ func TestPatched(t *testing.T) {
 		}
 		stored = got
 	}
-	if stored.Dropped[OutcomeFailed] == 0 {
+	if stored.Dropped[v1alpha1.OutcomeFailed] == 0 {
 		t.Errorf("no entry was dropped past the bound: %v", stored.Dropped)
 	}
-	if _, err := stored.Patched([]byte("{"), "9"); err == nil {
+	if _, err := Patched(stored, []byte("{"), "9"); err == nil {
 		t.Error("a patch that is not JSON was taken")
 	}
 }
@@ -137,10 +139,10 @@ func TestPatched(t *testing.T) {
 // TestPatchSize: the bytes a write costs per pod recorded, the figure the merge patch is
 // chosen for: a patch of 50 new entries into a record of 2,000.
 func TestPatchSize(t *testing.T) {
-	stored := New("ns", "train", "uid-1")
-	var r Record
+	stored := v1alpha1.New("ns", "train", "uid-1")
+	var r v1alpha1.Record
 	for i := range 2000 {
-		r.Add(0, Of(failedPod(fmt.Sprintf("train-%d-x7k2p", i), fmt.Sprint(i), 1), Decision{Outcome: OutcomeFailed, Consequence: "counts towards the backoff limit"}, t0))
+		r.Add(0, Of(failedPod(fmt.Sprintf("train-%d-x7k2p", i), fmt.Sprint(i), 1), Decision{Outcome: v1alpha1.OutcomeFailed, Consequence: "counts towards the backoff limit"}, t0))
 	}
 	stored.Set(r, 3000)
 	whole, err := json.Marshal(stored)
@@ -149,7 +151,7 @@ func TestPatchSize(t *testing.T) {
 	}
 	next := stored.Record()
 	for i := range 50 {
-		next.Add(3000, Of(failedPod(fmt.Sprintf("train-%d-b9q4z", i), fmt.Sprint(i), 1), Decision{Outcome: OutcomeFailed, Consequence: "counts towards the backoff limit"}, t0))
+		next.Add(3000, Of(failedPod(fmt.Sprintf("train-%d-b9q4z", i), fmt.Sprint(i), 1), Decision{Outcome: v1alpha1.OutcomeFailed, Consequence: "counts towards the backoff limit"}, t0))
 	}
 	patch, ok, err := MergePatch(stored, next, 3000)
 	if err != nil || !ok {
@@ -162,32 +164,5 @@ func TestPatchSize(t *testing.T) {
 	}
 	if len(whole) > 700<<10 {
 		t.Errorf("a record of 2,000 pods takes %d bytes of JSON, over 700 KiB: with the API server's managedFields (about half again) it would near etcd's 1.5 MiB", len(whole))
-	}
-}
-
-// TestDeepCopy: a copy shares nothing with the original.
-func TestDeepCopy(t *testing.T) {
-	o := New("ns", "j", "uid")
-	var r Record
-	p := failedPod("j-0-a", "0", 1)
-	p.Status.ContainerStatuses[0].RestartCount = 1
-	p.Status.ContainerStatuses[0].LastTerminationState.Terminated = &corev1.ContainerStateTerminated{ExitCode: 3}
-	r.Add(0, Of(p, Decision{Outcome: OutcomeFailed, Rule: 2, Action: "Count"}, t0))
-	r.Dropped = map[Outcome]int32{OutcomeSucceeded: 1}
-	o.Set(r, 10)
-	c := o.DeepCopyObject().(*JobRecord)
-	if diff := cmp.Diff(o, c); diff != "" {
-		t.Fatalf("copy differs (-want +got):\n%s", diff)
-	}
-	e := c.Pods["j-0-a"]
-	*e.Index, *e.Rule, e.Cause.Exit.Code, e.LastExit.Code = 9, 9, 9, 9
-	e.Finished.Time = time.Time{}
-	c.Dropped[OutcomeSucceeded] = 9
-	c.OwnerReferences[0].Name = "other"
-	if diff := cmp.Diff(New("ns", "j", "uid").OwnerReferences, o.OwnerReferences); diff != "" {
-		t.Errorf("the original's owner changed: %s", diff)
-	}
-	if got := o.Pods["j-0-a"]; *got.Index != 0 || *got.Rule != 2 || got.Cause.Exit.Code != 1 || got.LastExit.Code != 3 || got.Finished.IsZero() || o.Dropped[OutcomeSucceeded] != 1 {
-		t.Errorf("the original changed with its copy: %+v, dropped %v", got, o.Dropped)
 	}
 }

@@ -32,8 +32,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
-	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // Output formats of -o.
@@ -302,18 +302,18 @@ func reportOf(ctx context.Context, client Client, job *batchv1.Job) (*Report, er
 // jobRecord reads coroner-shim's record of the Job named name; nil when there is none (or
 // no Dynamic client, or the API server does not serve JobRecords: coroner is not
 // installed, or an older version is).
-func jobRecord(ctx context.Context, client Client, namespace, name string) (*record.JobRecord, error) {
+func jobRecord(ctx context.Context, client Client, namespace, name string) (*v1alpha1.JobRecord, error) {
 	if client.Dynamic == nil {
 		return nil, nil
 	}
-	u, err := client.Dynamic.Resource(record.GroupVersionResource).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	u, err := client.Dynamic.Resource(v1alpha1.GroupVersionResource).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading the JobRecord %s/%s: %w", namespace, name, err)
 	}
-	return record.FromUnstructured(u)
+	return v1alpha1.FromUnstructured(u)
 }
 
 // managedJobs reports every Job handed to coroner-shim in the namespace ("" for all).
@@ -371,7 +371,7 @@ func gonePod(ctx context.Context, client Client, namespace, name string, notFoun
 	if client.Dynamic == nil {
 		return nil, notFound
 	}
-	list, err := client.Dynamic.Resource(record.GroupVersionResource).Namespace(namespace).List(ctx, metav1.ListOptions{})
+	list, err := client.Dynamic.Resource(v1alpha1.GroupVersionResource).Namespace(namespace).List(ctx, metav1.ListOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("%w, and the API server serves no JobRecords (coroner-shim's records)", notFound)
 	}
@@ -379,7 +379,7 @@ func gonePod(ctx context.Context, client Client, namespace, name string, notFoun
 		return nil, fmt.Errorf("listing the JobRecords of %s: %w", namespace, err)
 	}
 	for i := range list.Items {
-		rec, err := record.FromUnstructured(&list.Items[i])
+		rec, err := v1alpha1.FromUnstructured(&list.Items[i])
 		if err != nil {
 			return nil, err
 		}

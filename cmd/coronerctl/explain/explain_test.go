@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/record"
 	"github.com/coroner-dev/coroner/test/wrappers"
@@ -93,12 +94,12 @@ func indexedJob() (*batchv1.Job, []runtime.Object) {
 	stranger.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ReplicaSet", Name: "rs", UID: "other", Controller: ptr.To(true)}}
 
 	// The record the shim kept: the first pod of index 2, gone, and those that left.
-	rec := record.New("default", "train", "job-uid")
-	var r record.Record
+	rec := v1alpha1.New("default", "train", "job-uid")
+	var r v1alpha1.Record
 	gone := ownedPod(job, "train-2-a", 0).Index(2).Phase(corev1.PodFailed).ExitedContainer("main", 1).FinishedAt(t0.Add(20 * time.Second)).Obj()
 	r.Add(0,
-		record.Of(gone, record.Decision{Outcome: record.OutcomeFailed, Consequence: "index 2 failure 1 of 2 allowed"}, metav1.NewTime(t0.Add(30*time.Second))),
-		record.Of(pods[3], record.Decision{Outcome: record.OutcomeFailed, Rule: 0, Action: batchv1.PodFailurePolicyActionFailIndex, Consequence: "index 2 failed"}, metav1.NewTime(t0.Add(3*time.Minute))),
+		record.Of(gone, record.Decision{Outcome: v1alpha1.OutcomeFailed, Consequence: "index 2 failure 1 of 2 allowed"}, metav1.NewTime(t0.Add(30*time.Second))),
+		record.Of(pods[3], record.Decision{Outcome: v1alpha1.OutcomeFailed, Rule: 0, Action: batchv1.PodFailurePolicyActionFailIndex, Consequence: "index 2 failed"}, metav1.NewTime(t0.Add(3*time.Minute))),
 	)
 	rec.Set(r, 3000)
 	objs := []runtime.Object{job, stranger, rec}
@@ -242,7 +243,7 @@ func fakeClient(t *testing.T, objs ...runtime.Object) Client {
 	t.Helper()
 	var kube, dyn []runtime.Object
 	for _, o := range objs {
-		rec, ok := o.(*record.JobRecord)
+		rec, ok := o.(*v1alpha1.JobRecord)
 		if !ok {
 			kube = append(kube, o)
 			continue
@@ -256,7 +257,7 @@ func fakeClient(t *testing.T, objs ...runtime.Object) Client {
 	return Client{
 		Interface: fake.NewClientset(kube...),
 		Dynamic: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-			map[schema.GroupVersionResource]string{record.GroupVersionResource: record.Kind + "List"}, dyn...),
+			map[schema.GroupVersionResource]string{v1alpha1.GroupVersionResource: v1alpha1.Kind + "List"}, dyn...),
 	}
 }
 

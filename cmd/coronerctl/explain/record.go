@@ -12,10 +12,10 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/policy"
-	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // RecordState says what explain had of the Job's JobRecord.
@@ -30,7 +30,7 @@ type RecordState struct {
 }
 
 // recordOf summarizes rec (nil: none).
-func recordOf(rec *record.JobRecord) RecordState {
+func recordOf(rec *v1alpha1.JobRecord) RecordState {
 	if rec == nil {
 		return RecordState{}
 	}
@@ -46,7 +46,7 @@ func recordOf(rec *record.JobRecord) RecordState {
 
 // gonePods are the reports of the recorded pods that are not in live, oldest recorded
 // first.
-func gonePods(job *batchv1.Job, rec *record.JobRecord, live map[string]bool) []PodReport {
+func gonePods(job *batchv1.Job, rec *v1alpha1.JobRecord, live map[string]bool) []PodReport {
 	if rec == nil {
 		return nil
 	}
@@ -65,7 +65,7 @@ func gonePods(job *batchv1.Job, rec *record.JobRecord, live map[string]bool) []P
 		if e.Cause != nil && e.Cause.Message != "" {
 			pr.Details = append(pr.Details, Line{"message", e.Cause.Message})
 		}
-		if e.Outcome == record.OutcomeFailed || e.Outcome == record.OutcomeIgnored {
+		if e.Outcome == v1alpha1.OutcomeFailed || e.Outcome == v1alpha1.OutcomeIgnored {
 			pr.Rule = entryRule(job, e)
 			pr.Action = e.Consequence
 		}
@@ -77,10 +77,10 @@ func gonePods(job *batchv1.Job, rec *record.JobRecord, live map[string]bool) []P
 // entryCause is the cause of a recorded pod in one line: its cause of death
 // (conditions.Cause, as everywhere), the exit before a restart in place, and why the shim
 // deleted it.
-func entryCause(e record.Entry) string {
+func entryCause(e v1alpha1.Entry) string {
 	var parts []string
 	switch {
-	case e.Outcome == record.OutcomeSucceeded:
+	case e.Outcome == v1alpha1.OutcomeSucceeded:
 		parts = append(parts, "succeeded")
 	case e.Cause != nil && e.Cause.Class == conditions.CauseDeleted && e.Why != "":
 		// "deleted by coroner-shim (...)" below says it.
@@ -100,16 +100,16 @@ func entryCause(e record.Entry) string {
 }
 
 // entryOutcome says what the pod's end did to the Job, as the shim recorded it.
-func entryOutcome(e record.Entry) string {
+func entryOutcome(e v1alpha1.Entry) string {
 	var what string
 	switch e.Outcome {
-	case record.OutcomeSucceeded:
+	case v1alpha1.OutcomeSucceeded:
 		what = "succeeded, counted"
-	case record.OutcomeFailed:
+	case v1alpha1.OutcomeFailed:
 		what = "failed, counted"
-	case record.OutcomeIgnored:
+	case v1alpha1.OutcomeIgnored:
 		what = "failed, not counted"
-	case record.OutcomeDeleted:
+	case v1alpha1.OutcomeDeleted:
 		what = "deleted before it finished, not counted"
 	default:
 		what = string(e.Outcome)
@@ -118,7 +118,7 @@ func entryOutcome(e record.Entry) string {
 }
 
 // entryRule is the rule that matched a recorded failure, in the words of ruleText.
-func entryRule(job *batchv1.Job, e record.Entry) string {
+func entryRule(job *batchv1.Job, e v1alpha1.Entry) string {
 	switch {
 	case e.Grown != "":
 		return memretry.Annotation + ": " + e.Grown
@@ -131,9 +131,9 @@ func entryRule(job *batchv1.Job, e record.Entry) string {
 }
 
 // entryDecision is what the shim recorded deciding about a pod that still exists.
-func entryDecision(job *batchv1.Job, e record.Entry) string {
+func entryDecision(job *batchv1.Job, e v1alpha1.Entry) string {
 	s := entryOutcome(e)
-	if e.Outcome == record.OutcomeFailed || e.Outcome == record.OutcomeIgnored {
+	if e.Outcome == v1alpha1.OutcomeFailed || e.Outcome == v1alpha1.OutcomeIgnored {
 		s += "; " + entryRule(job, e)
 		if e.Consequence != "" {
 			s += ": " + e.Consequence
@@ -146,7 +146,7 @@ func entryDecision(job *batchv1.Job, e record.Entry) string {
 }
 
 // recordNotes say plainly where the story of the Job's pods is incomplete, and why.
-func recordNotes(job *batchv1.Job, rec *record.JobRecord, pods []PodReport) []string {
+func recordNotes(job *batchv1.Job, rec *v1alpha1.JobRecord, pods []PodReport) []string {
 	var notes []string
 	managed := ptrValue(job.Spec.ManagedBy) == conditions.ManagedBy
 	switch {
@@ -167,7 +167,7 @@ func recordNotes(job *batchv1.Job, rec *record.JobRecord, pods []PodReport) []st
 		switch {
 		case p.pod != nil && p.pod.Status.Phase == corev1.PodFailed && policy.Match(job.Spec.PodFailurePolicy, p.pod).CountsAsFailure():
 			known++
-		case p.pod == nil && p.entry != nil && p.entry.Outcome == record.OutcomeFailed:
+		case p.pod == nil && p.entry != nil && p.entry.Outcome == v1alpha1.OutcomeFailed:
 			known++
 		}
 	}

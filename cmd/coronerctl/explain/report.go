@@ -13,12 +13,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/indexes"
 	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/policy"
-	"github.com/coroner-dev/coroner/shim/record"
 )
 
 // maxIndexRows is the number of indexes above which the index table lists only the
@@ -31,7 +31,7 @@ const noIndex = -1
 // Build makes the Report of job from its pods (any order; pods of other Jobs are left
 // out) and coroner-shim's record of the Job (nil when there is none, or it is an earlier
 // Job's).
-func Build(job *batchv1.Job, pods []*corev1.Pod, rec *record.JobRecord) *Report {
+func Build(job *batchv1.Job, pods []*corev1.Pod, rec *v1alpha1.JobRecord) *Report {
 	if rec != nil && rec.JobUID != job.UID {
 		rec = nil
 	}

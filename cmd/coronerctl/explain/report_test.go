@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/record"
 	"github.com/coroner-dev/coroner/test/wrappers"
@@ -149,11 +150,11 @@ func onFailureJob() (*batchv1.Job, []runtime.Object) {
 	// it as failed (the Job failed while it ran), keeping the deletion's why.
 	gone := waiting(ownedPod(job, "crashy-7xk2p", 0).Phase(corev1.PodRunning), "main", "CrashLoopBackOff", "back-off", 3,
 		&corev1.ContainerStateTerminated{ExitCode: 3, Reason: "Error", FinishedAt: metav1.NewTime(t0.Add(time.Minute))}).Obj()
-	var r record.Record
-	r.Add(0, record.Of(gone, record.Decision{Outcome: record.OutcomeDeleted, Why: "job failed: BackoffLimitExceeded"}, metav1.NewTime(t0.Add(2*time.Minute))))
+	var r v1alpha1.Record
+	r.Add(0, record.Of(gone, record.Decision{Outcome: v1alpha1.OutcomeDeleted, Why: "job failed: BackoffLimitExceeded"}, metav1.NewTime(t0.Add(2*time.Minute))))
 	gone.DeletionTimestamp = &metav1.Time{Time: t0.Add(2 * time.Minute)}
-	r.Add(0, record.Of(gone, record.Decision{Outcome: record.OutcomeFailed, Consequence: "counted as failed: the Job failed (BackoffLimitExceeded) while it ran"}, metav1.NewTime(t0.Add(2*time.Minute))))
-	rec := record.New("default", "crashy", "crashy-uid")
+	r.Add(0, record.Of(gone, record.Decision{Outcome: v1alpha1.OutcomeFailed, Consequence: "counted as failed: the Job failed (BackoffLimitExceeded) while it ran"}, metav1.NewTime(t0.Add(2*time.Minute))))
+	rec := v1alpha1.New("default", "crashy", "crashy-uid")
 	rec.Set(r, 3000)
 	return job, []runtime.Object{job, rec}
 }
@@ -205,7 +206,7 @@ func TestIncompleteStory(t *testing.T) {
 		})
 	})
 	t.Run("an earlier Job's record is not this one's", func(t *testing.T) {
-		rec := objs[1].(*record.JobRecord).DeepCopy()
+		rec := objs[1].(*v1alpha1.JobRecord).DeepCopy()
 		rec.JobUID = "earlier"
 		if r := Build(job, nil, rec); r.Record.Found || len(r.Pods) != 0 {
 			t.Errorf("report = %+v, want no record and no pods", r)
@@ -215,15 +216,15 @@ func TestIncompleteStory(t *testing.T) {
 		done := job.DeepCopy()
 		done.Status.Succeeded = 3
 		live := ownedPod(done, "crashy-ok", 0).Phase(corev1.PodSucceeded).ExitedContainer("main", 0).Obj()
-		r := Build(done, []*corev1.Pod{live}, objs[1].(*record.JobRecord))
+		r := Build(done, []*corev1.Pod{live}, objs[1].(*v1alpha1.JobRecord))
 		assertLinesInOrder(t, strings.Join(r.Notes, "\n"), []string{
 			"status.succeeded is 3 but 1 succeeded pods exist: 2 are gone, and coroner-shim records failures, ignored failures and deletions, not successes",
 		})
 	})
 	t.Run("dropped past the bound", func(t *testing.T) {
-		rec := objs[1].(*record.JobRecord).DeepCopy()
+		rec := objs[1].(*v1alpha1.JobRecord).DeepCopy()
 		rec.Pods = nil
-		rec.MaxPods, rec.Dropped = 2, map[record.Outcome]int32{record.OutcomeFailed: 1, record.OutcomeSucceeded: 4}
+		rec.MaxPods, rec.Dropped = 2, map[v1alpha1.Outcome]int32{v1alpha1.OutcomeFailed: 1, v1alpha1.OutcomeSucceeded: 4}
 		r := Build(job, nil, rec)
 		assertLinesInOrder(t, strings.Join(r.Notes, "\n"), []string{
 			"the record dropped 5 pods past its bound of 2 (1 failed, 4 succeeded, oldest first)",
@@ -244,10 +245,10 @@ func TestRecordedDecisions(t *testing.T) {
 	job.Status.Failed = 2
 	bad := ownedPod(job, "fj-bad", 0).Phase(corev1.PodFailed).ExitedContainer("main", 42).Obj()
 	gone := ownedPod(job, "fj-gone", 0).Phase(corev1.PodFailed).ExitedContainer("main", 1).Obj()
-	var r record.Record
-	r.Add(0, record.Of(bad, record.Decision{Outcome: record.OutcomeFailed, Rule: 0, Action: batchv1.PodFailurePolicyActionFailJob, Consequence: "the Job fails (reason PodFailurePolicy)"}, metav1.NewTime(t0)),
-		record.Of(gone, record.Decision{Outcome: record.OutcomeFailed, Consequence: "counts towards the backoff limit"}, metav1.NewTime(t0)))
-	rec := record.New("default", "fj", "fj-uid")
+	var r v1alpha1.Record
+	r.Add(0, record.Of(bad, record.Decision{Outcome: v1alpha1.OutcomeFailed, Rule: 0, Action: batchv1.PodFailurePolicyActionFailJob, Consequence: "the Job fails (reason PodFailurePolicy)"}, metav1.NewTime(t0)),
+		record.Of(gone, record.Decision{Outcome: v1alpha1.OutcomeFailed, Consequence: "counts towards the backoff limit"}, metav1.NewTime(t0)))
+	rec := v1alpha1.New("default", "fj", "fj-uid")
 	rec.Set(r, 10)
 	rep := Build(job, []*corev1.Pod{bad}, rec)
 	if len(rep.Pods) != 2 || rep.Pods[0].Name != "fj-bad" || rep.Pods[0].State != StateFailed || rep.Pods[1].Name != "fj-gone" || rep.Pods[1].State != StateDeleted {

@@ -11,7 +11,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/coroner-dev/coroner/shim/record"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 )
 
 // The documented output of `explain -o json|yaml`. Fields are only ever added; a change
@@ -129,7 +129,7 @@ type PodReport struct {
 	Warnings []string `json:"warnings,omitempty"`
 
 	pod   *corev1.Pod
-	entry *record.Entry
+	entry *v1alpha1.Entry
 }
 
 // Line is a labelled line of a report.

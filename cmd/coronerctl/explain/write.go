@@ -11,7 +11,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/coroner-dev/coroner/shim/record"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 )
 
 // Write prints the report for people.
@@ -88,7 +88,7 @@ func (r *Report) Write(out io.Writer) error {
 		var told []PodReport
 		succeeded := 0
 		for _, p := range deleted {
-			if p.entry != nil && p.entry.Outcome == record.OutcomeSucceeded {
+			if p.entry != nil && p.entry.Outcome == v1alpha1.OutcomeSucceeded {
 				succeeded++
 				continue
 			}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/cmd/coronerctl/explain"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/record"
@@ -61,9 +62,9 @@ func TestExplainAgainstTheAPIServer(t *testing.T) {
 	// same name that an earlier JobRecord could have held.
 	gone := wrappers.MakePod("train-0-gone", ns).Index(0).Phase(corev1.PodFailed).ExitedContainer("main", 42).Obj()
 	gone.Spec.NodeName = "node-a"
-	var r record.Record
-	r.Add(0, record.Of(gone, record.Decision{Outcome: record.OutcomeFailed, Rule: 0, Action: batchv1.PodFailurePolicyActionFailIndex, Consequence: "index 0 failed"}, finished))
-	rec := record.New(ns, job.Name, job.UID)
+	var r v1alpha1.Record
+	r.Add(0, record.Of(gone, record.Decision{Outcome: v1alpha1.OutcomeFailed, Rule: 0, Action: batchv1.PodFailurePolicyActionFailIndex, Consequence: "index 0 failed"}, finished))
+	rec := v1alpha1.New(ns, job.Name, job.UID)
 	rec.Set(r, 3000)
 	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(rec)
 	if err != nil {
@@ -71,7 +72,7 @@ func TestExplainAgainstTheAPIServer(t *testing.T) {
 	}
 	dyn := dynamic.NewForConfigOrDie(env.Config)
 	// Server-side validation: the CRD's schema accepts what the shim writes, strictly.
-	if _, err := dyn.Resource(record.GroupVersionResource).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
+	if _, err := dyn.Resource(v1alpha1.GroupVersionResource).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -16,11 +16,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/cmd/coronerctl/explain"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/metrics"
-	"github.com/coroner-dev/coroner/shim/record"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
@@ -183,7 +183,7 @@ func TestExplainThousandPods(t *testing.T) {
 	}
 
 	// What the record cost: API writes and request bytes, per pod that left the Job.
-	u, err := dynamic.NewForConfigOrDie(f.env.Config).Resource(record.GroupVersionResource).Namespace(f.ns).Get(ctx, job.Name, metav1.GetOptions{})
+	u, err := dynamic.NewForConfigOrDie(f.env.Config).Resource(v1alpha1.GroupVersionResource).Namespace(f.ns).Get(ctx, job.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestExplainThousandPods(t *testing.T) {
 	conflicts := testutil.ToFloat64(m.JobRecordWrites.WithLabelValues("patch", "conflict"))
 	bytes := testutil.ToFloat64(m.JobRecordBytes.WithLabelValues("create")) + testutil.ToFloat64(m.JobRecordBytes.WithLabelValues("patch"))
 	var entries float64
-	for _, o := range []record.Outcome{record.OutcomeSucceeded, record.OutcomeFailed, record.OutcomeIgnored, record.OutcomeDeleted} {
+	for _, o := range []v1alpha1.Outcome{v1alpha1.OutcomeSucceeded, v1alpha1.OutcomeFailed, v1alpha1.OutcomeIgnored, v1alpha1.OutcomeDeleted} {
 		entries += testutil.ToFloat64(m.JobRecordEntries.WithLabelValues(string(o)))
 	}
 	pods := float64(len(records))
