@@ -17,7 +17,7 @@ import (
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/jobsync"
-	"github.com/coroner-dev/coroner/shim/memretry"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/shim/metrics"
 )
 
@@ -322,7 +322,7 @@ func (c *Controller) emit(job *batchv1.Job, events []jobsync.Event) {
 // 422 Invalid), that its index must not grow again: the next sync counts the failure as
 // without coroner.dev/oom-memory-retry. Said once, in a Warning Event.
 func (c *Controller) noteRefusedMemory(key string, job *batchv1.Job, pod *corev1.Pod, err error) {
-	given, ok := pod.Annotations[memretry.GivenAnnotation]
+	given, ok := pod.Annotations[v1alpha1.AnnotationMemoryGiven]
 	if !ok || (!apierrors.IsForbidden(err) && !apierrors.IsInvalid(err)) {
 		return
 	}
@@ -338,6 +338,6 @@ func (c *Controller) noteRefusedMemory(key string, job *batchv1.Job, pod *corev1
 			who = fmt.Sprintf("index %d", ix)
 		}
 		c.recorder.Eventf(job, corev1.EventTypeWarning, jobsync.EventReasonMemoryRefused,
-			"%s: the pod with more memory (%s) was refused: %v; its failure counts as without %s", who, given, err, memretry.Annotation)
+			"%s: the pod with more memory (%s) was refused: %v; its failure counts as without %s", who, given, err, v1alpha1.AnnotationOOMMemoryRetry)
 	}
 }

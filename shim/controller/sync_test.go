@@ -28,7 +28,6 @@ import (
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/jobsync"
-	"github.com/coroner-dev/coroner/shim/memretry"
 )
 
 // apiCall is one write the controller sent to the API server.
@@ -241,7 +240,7 @@ func TestSyncRecordFailsBesideTheStatusWrite(t *testing.T) {
 func TestRemoveFinalizersLabelsCounted(t *testing.T) {
 	job := newJob("j")
 	grows := newJob("grows")
-	grows.Annotations = map[string]string{memretry.Annotation: "2x"} // not valid: its failed pods stay all the same
+	grows.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: "2x"} // not valid: its failed pods stay all the same
 	succeeded := newPod("succeeded", job, corev1.PodSucceeded)
 	failed := newPod("failed", job, corev1.PodFailed)
 	stopping := newPod("stopping", job, corev1.PodRunning)

@@ -110,10 +110,10 @@ func TestStripJobPod(t *testing.T) {
 	if got, want := backoff.FinishTime(p), backoff.FinishTime(full); !got.Equal(want) {
 		t.Errorf("FinishTime: stripped %v, whole %v", got, want)
 	}
-	if got, want := memretry.MemoryOf(p), memretry.MemoryOf(full); !reflect.DeepEqual(got, want) {
+	if got, want := v1alpha1.MemoryOf(p), v1alpha1.MemoryOf(full); !reflect.DeepEqual(got, want) {
 		t.Errorf("MemoryOf: stripped %v, whole %v", got, want)
 	}
-	spec := memretry.Spec{Factor: 2, Max: resource.MustParse("1Gi")}
+	spec := v1alpha1.MemoryRetry{Factor: 2, Max: resource.MustParse("1Gi")}
 	g1, ok1 := memretry.Decide(spec, p)
 	g2, ok2 := memretry.Decide(spec, full)
 	if !reflect.DeepEqual(g1, g2) || ok1 != ok2 {
@@ -157,7 +157,7 @@ func TestStripJobPod(t *testing.T) {
 	if !reflect.DeepEqual(g1, g2) || ok1 != ok2 || !ok1 {
 		t.Errorf("memretry.Decide, pod-level limit: stripped %v %v, whole %v %v", g1, ok1, g2, ok2)
 	}
-	if got, want := memretry.MemoryOf(pl.(*corev1.Pod)), memretry.MemoryOf(podLevel); !reflect.DeepEqual(got, want) {
+	if got, want := v1alpha1.MemoryOf(pl.(*corev1.Pod)), v1alpha1.MemoryOf(podLevel); !reflect.DeepEqual(got, want) {
 		t.Errorf("MemoryOf, pod-level limit: stripped %v, whole %v", got, want)
 	}
 	// A running pod keeps no resources.

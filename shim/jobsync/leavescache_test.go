@@ -13,16 +13,16 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
-	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
 func TestLeavesCache(t *testing.T) {
 	plain := job(wrappers.MakeJob("j", "ns").Indexed().Completions(4))
 	grows := job(wrappers.MakeJob("j", "ns").Indexed().Completions(4))
-	grows.Annotations = map[string]string{memretry.Annotation: "factor=2,max=1Gi"}
+	grows.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: "factor=2,max=1Gi"}
 	failJob := job(wrappers.MakeJob("j", "ns").Indexed().Completions(4).PodFailurePolicy(failJobOn42()))
 	stopping := deleting(tracked(running("stopping")))
 	for _, tc := range []struct {
@@ -108,7 +108,7 @@ func TestCountedPodsAreNotRead(t *testing.T) {
 		}},
 		{"non-indexed, OOM kills with coroner.dev/oom-memory-retry", func() *batchv1.Job {
 			j := withMemory(job(wrappers.MakeJob("j", "ns").Completions(3).Parallelism(3).BackoffLimit(1)), "24Mi", "")
-			j.Annotations = map[string]string{memretry.Annotation: "factor=2,max=1Gi"}
+			j.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: "factor=2,max=1Gi"}
 			return j
 		}(), func(_, n, _ int) int32 {
 			if n < 2 {

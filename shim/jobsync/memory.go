@@ -11,6 +11,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/policy"
@@ -33,7 +34,7 @@ const growthRule = -1
 
 // readMemoryRetry reads the Job's opt-in; an invalid one is said when the Job starts.
 func (s *state) readMemoryRetry() {
-	spec, err := memretry.ForJob(s.job.Annotations)
+	spec, err := v1alpha1.MemoryRetryOf(s.job.Annotations)
 	if err != nil {
 		if s.job.Status.StartTime == nil {
 			s.plan.Events = append(s.plan.Events, Event{corev1.EventTypeWarning, EventReasonInvalidMemoryRetry, err.Error() + ": retried as without it"})
@@ -45,7 +46,7 @@ func (s *state) readMemoryRetry() {
 
 // growths are the limits that grow for the replacement of p; ok is false when p's failure
 // is handled as without the annotation.
-func (s *state) growths(p *corev1.Pod) ([]memretry.Growth, bool) {
+func (s *state) growths(p *corev1.Pod) ([]v1alpha1.Growth, bool) {
 	if s.memory == nil {
 		return nil, false
 	}
@@ -70,7 +71,7 @@ func (s *state) match(p *corev1.Pod) policy.Result {
 
 // growthText says what a growth does, for the Event and the record: "container main
 // OOM-killed at its limit of 24Mi; its replacement gets 48Mi".
-func growthText(g []memretry.Growth) string {
+func growthText(g []v1alpha1.Growth) string {
 	if len(g) == 0 {
 		return ""
 	}
@@ -86,12 +87,12 @@ func growthText(g []memretry.Growth) string {
 }
 
 // explainGrowth adds the Event of a growth.
-func (s *state) explainGrowth(p *corev1.Pod, g []memretry.Growth, ix int) {
+func (s *state) explainGrowth(p *corev1.Pod, g []v1alpha1.Growth, ix int) {
 	who := "pod " + p.Name
 	if ix != noIndex {
 		who = fmt.Sprintf("index %d (pod %s)", ix, p.Name)
 	}
-	why := memretry.Annotation + " " + s.memory.String()
+	why := v1alpha1.AnnotationOOMMemoryRetry + " " + s.memory.String()
 	// coroner-agent's stamp says what it measured (the limit and the peak usage), quoted
 	// as it stands.
 	if c := conditions.FindTrue(p, conditions.OOMKilled); c != nil && c.Message != "" {
@@ -103,7 +104,7 @@ func (s *state) explainGrowth(p *corev1.Pod, g []memretry.Growth, ix int) {
 
 // memoryChoice is the memory the next pod of an index gets, and why.
 type memoryChoice struct {
-	mem memretry.Memory
+	mem v1alpha1.Memory
 	why string
 }
 
@@ -125,7 +126,7 @@ func (s *state) planMemory() {
 			continue
 		}
 		g, _ := s.growths(p)
-		c := memoryChoice{mem: memretry.MemoryOf(p).With(g), why: "as " + p.Name + " had"}
+		c := memoryChoice{mem: v1alpha1.MemoryOf(p).With(g), why: "as " + p.Name + " had"}
 		if len(g) > 0 {
 			c.why = p.Name + ": " + growthText(g)
 		}
@@ -145,6 +146,6 @@ func (s *state) giveMemory(pod *corev1.Pod, ix int) {
 		return
 	}
 	if changed := memretry.Apply(pod, plan.mem); len(changed) > 0 {
-		pod.Annotations[memretry.GivenAnnotation] = changed.String() + ": " + plan.why
+		pod.Annotations[v1alpha1.AnnotationMemoryGiven] = v1alpha1.MemoryGiven(changed, plan.why)
 	}
 }

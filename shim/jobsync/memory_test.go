@@ -9,9 +9,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
-	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
@@ -48,7 +48,7 @@ func TestMemoryRetry(t *testing.T) {
 		j := withMemory(job(wrappers.MakeJob("j", "ns").Indexed().Completions(2).Parallelism(2).BackoffLimitPerIndex(0).
 			PodFailurePolicy(wrappers.OnPodCondition(batchv1.PodFailurePolicyActionFailJob, conditions.OOMKilled))), "24Mi", "24Mi")
 		if annotation != "" {
-			j.Annotations = map[string]string{memretry.Annotation: annotation}
+			j.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: annotation}
 		}
 		return j
 	}
@@ -129,8 +129,8 @@ func TestMemoryRetry(t *testing.T) {
 				if got := l.String() + "/" + r.String(); got != tc.wantGrow {
 					t.Errorf("replacement memory limit/request = %s, want %s", got, tc.wantGrow)
 				}
-				if a := created[0].Annotations[memretry.GivenAnnotation]; !strings.Contains(a, tc.failed.Name+": container main OOM-killed at its limit of 24Mi") {
-					t.Errorf("%s = %q", memretry.GivenAnnotation, a)
+				if a := created[0].Annotations[v1alpha1.AnnotationMemoryGiven]; !strings.Contains(a, tc.failed.Name+": container main OOM-killed at its limit of 24Mi") {
+					t.Errorf("%s = %q", v1alpha1.AnnotationMemoryGiven, a)
 				}
 				if created[0].Annotations[batchv1.JobIndexFailureCountAnnotation] != "0" || created[0].Annotations[batchv1.JobIndexIgnoredFailureCountAnnotation] != "1" {
 					t.Errorf("replacement counts failed %q ignored %q, want 0 and 1", created[0].Annotations[batchv1.JobIndexFailureCountAnnotation], created[0].Annotations[batchv1.JobIndexIgnoredFailureCountAnnotation])
@@ -167,7 +167,7 @@ func TestMemoryRetry(t *testing.T) {
 				t.Errorf("events:\n%s", all)
 			}
 			for _, p := range created {
-				if tc.wantGrow == "" && p.Annotations[memretry.GivenAnnotation] != "" {
+				if tc.wantGrow == "" && p.Annotations[v1alpha1.AnnotationMemoryGiven] != "" {
 					t.Errorf("a pod was given memory: %v", p.Annotations)
 				}
 			}
@@ -179,7 +179,7 @@ func TestMemoryRetry(t *testing.T) {
 // pod of the Job was given, grown.
 func TestMemoryRetryNonIndexed(t *testing.T) {
 	j := withMemory(job(wrappers.MakeJob("j", "ns").Completions(1).BackoffLimit(0)), "24Mi", "")
-	j.Annotations = map[string]string{memretry.Annotation: "factor=1.5,max=1Gi"}
+	j.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: "factor=1.5,max=1Gi"}
 	first := oomPod("j-a", 0, "24Mi", ownLimit)
 	delete(first.Annotations, batchv1.JobCompletionIndexAnnotation)
 	plan := sync(j, first)
@@ -214,7 +214,7 @@ func notStarted(j *batchv1.Job) *batchv1.Job {
 // is not counted and not replaced yet, even without a policy rule on pod conditions.
 func TestMemoryRetryWaitsForTheVerdict(t *testing.T) {
 	j := withMemory(job(wrappers.MakeJob("j", "ns").Indexed().Completions(1).BackoffLimitPerIndex(0)), "24Mi", "")
-	j.Annotations = map[string]string{memretry.Annotation: "factor=2,max=1Gi"}
+	j.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: "factor=2,max=1Gi"}
 	p := oomPod("j-0-a", 0, "24Mi", corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionFalse})
 	p.Status.ContainerStatuses[0].State.Terminated.FinishedAt.Time = now.Add(-time.Second)
 	plan := Sync(Input{Job: j, Pods: []*corev1.Pod{p}, Now: now, Backoff: backoff.Default, ExpectationsSatisfied: true, VerdictWait: 30 * time.Second})
@@ -233,7 +233,7 @@ func TestMemoryRetryWaitsForTheVerdict(t *testing.T) {
 // a ResourceQuota), its failure counts as without the annotation: no retry loop.
 func TestMemoryRefused(t *testing.T) {
 	j := withMemory(job(wrappers.MakeJob("j", "ns").Indexed().Completions(2).Parallelism(2).BackoffLimitPerIndex(0)), "24Mi", "")
-	j.Annotations = map[string]string{memretry.Annotation: "factor=2,max=1Gi"}
+	j.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: "factor=2,max=1Gi"}
 	in := Input{Job: j, Pods: []*corev1.Pod{tracked(running("j-0-a").Index(0)), oomPod("j-1-a", 1, "24Mi", ownLimit)}, Now: now,
 		Backoff: backoff.Default, ExpectationsSatisfied: true, MemoryRefused: map[int]string{1: "forbidden: maximum memory usage per Container is 40Mi"}}
 	plan := Sync(in)
@@ -247,7 +247,7 @@ func TestMemoryRefused(t *testing.T) {
 // next pod grows from the larger memory, the newer pod's.
 func TestMemoryLadder(t *testing.T) {
 	j := withMemory(job(wrappers.MakeJob("j", "ns").Indexed().Completions(1)), "24Mi", "")
-	j.Annotations = map[string]string{memretry.Annotation: "factor=2,max=1Gi"}
+	j.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: "factor=2,max=1Gi"}
 	second := oomPod("j-0-b", 0, "48Mi", ownLimit)
 	first := oomPod("j-0-a", 0, "24Mi", ownLimit)
 	for _, order := range [][]*corev1.Pod{{first, second}, {second, first}} {
@@ -257,8 +257,8 @@ func TestMemoryLadder(t *testing.T) {
 		}
 		p := plan.Create[0].Pod
 		if l := p.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory]; l.String() != "96Mi" ||
-			!strings.Contains(p.Annotations[memretry.GivenAnnotation], "j-0-b: container main OOM-killed at its limit of 48Mi") {
-			t.Errorf("next pod: limit %s, %q; want 96Mi grown from j-0-b", l.String(), p.Annotations[memretry.GivenAnnotation])
+			!strings.Contains(p.Annotations[v1alpha1.AnnotationMemoryGiven], "j-0-b: container main OOM-killed at its limit of 48Mi") {
+			t.Errorf("next pod: limit %s, %q; want 96Mi grown from j-0-b", l.String(), p.Annotations[v1alpha1.AnnotationMemoryGiven])
 		}
 	}
 }

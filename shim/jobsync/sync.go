@@ -15,7 +15,6 @@ import (
 	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/indexes"
-	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/record"
 )
 
@@ -63,8 +62,8 @@ type state struct {
 	finished *batchv1.JobCondition // the condition the Job is heading to, if any
 	requeue  time.Duration
 
-	memory  *memretry.Spec       // the Job's coroner.dev/oom-memory-retry, if valid
-	memPlan map[int]memoryChoice // the memory of new pods by index (memory.go)
+	memory  *v1alpha1.MemoryRetry // the Job's coroner.dev/oom-memory-retry, if valid
+	memPlan map[int]memoryChoice  // the memory of new pods by index (memory.go)
 }
 
 // Sync decides what to do for in.Job. See the package documentation.

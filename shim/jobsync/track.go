@@ -15,7 +15,6 @@ import (
 	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
-	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/policy"
 	"github.com/coroner-dev/coroner/shim/record"
 )
@@ -239,7 +238,7 @@ func LeavesCache(job *batchv1.Job, pod *corev1.Pod) bool {
 	case corev1.PodSucceeded:
 		return true
 	case corev1.PodFailed:
-		if _, memoryRetry := job.Annotations[memretry.Annotation]; memoryRetry {
+		if _, memoryRetry := job.Annotations[v1alpha1.AnnotationOOMMemoryRetry]; memoryRetry {
 			return false
 		}
 		return policy.Match(job.Spec.PodFailurePolicy, pod).Action != batchv1.PodFailurePolicyActionFailJob

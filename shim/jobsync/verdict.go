@@ -7,7 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/coroner-dev/coroner/shim/memretry"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/shim/policy"
 )
 
@@ -20,7 +20,7 @@ import (
 func awaitVerdicts(in Input) ([]*corev1.Pod, time.Duration) {
 	var pods []*corev1.Pod
 	var shortest time.Duration
-	_, growsMemory := in.Job.Annotations[memretry.Annotation]
+	_, growsMemory := in.Job.Annotations[v1alpha1.AnnotationOOMMemoryRetry]
 	for i, p := range in.Pods {
 		left := policy.AwaitingVerdict(in.Job, p, in.Now, in.VerdictWait)
 		if growsMemory {

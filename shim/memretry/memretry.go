@@ -1,13 +1,14 @@
 // Package memretry decides the memory of a pod that replaces one killed at its own memory
-// limit, for Jobs that opt in with the annotation coroner.dev/oom-memory-retry (issue 22):
+// limit, for Jobs that opt in with the annotation coroner.dev/oom-memory-retry
+// (docs/choices.md; the annotations' formats are package api/v1alpha1's):
 // "retry with more memory", as Nextflow's `memory { 2.GB * task.attempt }` does, but only
 // where coroner-agent's coroner.dev/OOMKilled stamp says the pod's own limit killed it (a
 // node OOM, DisruptionTarget NodeOOMKill, never grows anything).
 //
 // It is pure: the Job controller (shim/jobsync) asks Decide about a failed pod and
-// Replacement for the pod that follows it.
+// Apply to the pod that follows it.
 //
-// Choices the issue leaves open:
+// Choices made:
 //   - The limit grown is the killed container's memory limit (the container the kubelet
 //     reports OOMKilled, else the one that exited 137); when that container has no limit
 //     and the pod has a pod-level one (spec.resources), the pod-level limit. When the
@@ -26,113 +27,20 @@
 package memretry
 
 import (
-	"errors"
-	"fmt"
-	"maps"
 	"math"
-	"slices"
-	"strconv"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 )
-
-const (
-	// Annotation opts a Job in: "factor=F,max=Q", F from 1.1 to 10, Q a memory quantity.
-	Annotation = conditions.Prefix + "oom-memory-retry"
-	// GivenAnnotation, on a pod coroner-shim made with more memory than the template's,
-	// says what it was given and why, for example
-	// "main=48Mi: container main of x-1-abcde OOM-killed at its limit of 24Mi, factor 2".
-	GivenAnnotation = conditions.Prefix + "memory-given"
-
-	minFactor = 1.1
-	maxFactor = 10.0
-)
-
-// Spec is a Job's opt-in.
-type Spec struct {
-	Factor float64
-	Max    resource.Quantity
-}
-
-func (s Spec) String() string { return fmt.Sprintf("factor=%g,max=%s", s.Factor, s.Max.String()) }
-
-// Parse reads the annotation's value. Both keys are required; an unknown key, a factor
-// out of [1.1, 10] or a max that is not a positive quantity is an error that says which.
-func Parse(v string) (Spec, error) {
-	var s Spec
-	var haveF, haveM bool
-	var errs []error
-	for part := range strings.SplitSeq(v, ",") {
-		key, val, ok := strings.Cut(strings.TrimSpace(part), "=")
-		key, val = strings.TrimSpace(key), strings.TrimSpace(val)
-		switch {
-		case !ok:
-			errs = append(errs, fmt.Errorf("%q is not key=value", part))
-		case key == "factor":
-			f, err := strconv.ParseFloat(val, 64)
-			if err != nil || math.IsNaN(f) || f < minFactor || f > maxFactor {
-				errs = append(errs, fmt.Errorf("factor %q: want a number from %g to %g", val, minFactor, maxFactor))
-				continue
-			}
-			s.Factor, haveF = f, true
-		case key == "max":
-			q, err := resource.ParseQuantity(val)
-			if err != nil || q.Sign() <= 0 {
-				errs = append(errs, fmt.Errorf("max %q: want a positive memory quantity such as 4Gi", val))
-				continue
-			}
-			s.Max, haveM = q, true
-		default:
-			errs = append(errs, fmt.Errorf("unknown key %q (want factor and max)", key))
-		}
-	}
-	if len(errs) == 0 && (!haveF || !haveM) {
-		errs = append(errs, errors.New("both factor and max are required, as in factor=2,max=4Gi"))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return Spec{}, fmt.Errorf("%s %q: %w", Annotation, v, err)
-	}
-	return s, nil
-}
-
-// ForJob reads the Job's opt-in from its annotations: nil without the annotation, an error
-// when it is invalid (the Job then retries as without it).
-func ForJob(annotations map[string]string) (*Spec, error) {
-	v, ok := annotations[Annotation]
-	if !ok {
-		return nil, nil
-	}
-	s, err := Parse(v)
-	if err != nil {
-		return nil, err
-	}
-	return &s, nil
-}
-
-// Growth is one limit grown for a replacement pod.
-type Growth struct {
-	// Container is the container whose limit grows; empty for the pod-level limit.
-	Container string
-	From, To  resource.Quantity
-}
-
-func (g Growth) String() string {
-	what := "container " + g.Container
-	if g.Container == "" {
-		what = "the pod-level limit"
-	}
-	return fmt.Sprintf("%s %s -> %s", what, g.From.String(), g.To.String())
-}
 
 // Decide says how the memory of the pod that replaces p (a Failed pod) grows: ok is true
 // when coroner-agent stamped p coroner.dev/OOMKilled (its own limit), the limit that killed
 // it is known and below s.Max. At s.Max, or for any other failure, ok is false: the failure
 // is handled as without the annotation.
-func Decide(s Spec, p *corev1.Pod) (g []Growth, ok bool) {
+func Decide(s v1alpha1.MemoryRetry, p *corev1.Pod) (g []v1alpha1.Growth, ok bool) {
 	if p.Status.Phase != corev1.PodFailed || conditions.FindTrue(p, conditions.OOMKilled) == nil {
 		return nil, false
 	}
@@ -150,16 +58,16 @@ func Decide(s Spec, p *corev1.Pod) (g []Growth, ok bool) {
 			if !grows {
 				return nil, false
 			}
-			g = append(g, Growth{Container: c.Name, From: lim, To: to})
+			g = append(g, v1alpha1.Growth{Container: c.Name, From: lim, To: to})
 			if hasPodLimit && to.Cmp(podLimit) > 0 {
-				g = append(g, Growth{From: podLimit, To: to})
+				g = append(g, v1alpha1.Growth{From: podLimit, To: to})
 			}
 			return g, true
 		}
 	}
 	if hasPodLimit {
 		if to, grows := grow(podLimit, s); grows {
-			return []Growth{{From: podLimit, To: to}}, true
+			return []v1alpha1.Growth{{From: podLimit, To: to}}, true
 		}
 	}
 	return nil, false
@@ -167,7 +75,7 @@ func Decide(s Spec, p *corev1.Pod) (g []Growth, ok bool) {
 
 // grow is from times the factor, rounded up to a MiB, capped at s.Max; false when that is
 // no more than from.
-func grow(from resource.Quantity, s Spec) (resource.Quantity, bool) {
+func grow(from resource.Quantity, s v1alpha1.MemoryRetry) (resource.Quantity, bool) {
 	const mib = 1 << 20
 	want := math.Ceil(float64(from.Value())*s.Factor/mib) * mib
 	to := *resource.NewQuantity(int64(want), resource.BinarySI)
@@ -204,52 +112,12 @@ func podMemoryLimit(p *corev1.Pod) (resource.Quantity, bool) {
 	return q, ok
 }
 
-// Memory is the memory limits of a pod: per container name, and the pod-level one ("").
-type Memory map[string]resource.Quantity
-
-// MemoryOf reads p's memory limits.
-func MemoryOf(p *corev1.Pod) Memory {
-	m := Memory{}
-	for _, c := range p.Spec.Containers {
-		if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
-			m[c.Name] = q
-		}
-	}
-	if q, ok := podMemoryLimit(p); ok {
-		m[""] = q
-	}
-	return m
-}
-
-// With is m with the growths applied.
-func (m Memory) With(g []Growth) Memory {
-	out := Memory{}
-	for k, v := range m {
-		out[k] = v
-	}
-	for _, x := range g {
-		out[x.Container] = x.To
-	}
-	return out
-}
-
-// Max is, per limit, the larger of m and o.
-func (m Memory) Max(o Memory) Memory {
-	out := m.With(nil)
-	for k, v := range o {
-		if cur, ok := out[k]; !ok || v.Cmp(cur) > 0 {
-			out[k] = v
-		}
-	}
-	return out
-}
-
 // Apply gives pod (a new pod from the Job's template) the limits of m that are larger than
 // its own, raising requests only where the new limit requires (to the limit where the
 // request equalled the old one: a Guaranteed pod stays Guaranteed). It returns the limits
 // it changed, "" for the pod-level one.
-func Apply(pod *corev1.Pod, m Memory) Memory {
-	changed := Memory{}
+func Apply(pod *corev1.Pod, m v1alpha1.Memory) v1alpha1.Memory {
+	changed := v1alpha1.Memory{}
 	raise := func(res *corev1.ResourceRequirements, q resource.Quantity) bool {
 		old, has := res.Limits[corev1.ResourceMemory]
 		if !has || q.Cmp(old) <= 0 {
@@ -271,18 +139,4 @@ func Apply(pod *corev1.Pod, m Memory) Memory {
 		changed[""] = q
 	}
 	return changed
-}
-
-// String is m as "main=48Mi,pod=64Mi": the containers by name, then the pod-level limit.
-func (m Memory) String() string {
-	var parts []string
-	for _, k := range slices.Sorted(maps.Keys(m)) {
-		if v := m[k]; k != "" {
-			parts = append(parts, k+"="+v.String())
-		}
-	}
-	if v, ok := m[""]; ok {
-		parts = append(parts, "pod="+v.String())
-	}
-	return strings.Join(parts, ",")
 }

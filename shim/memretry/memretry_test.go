@@ -8,37 +8,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 )
-
-func TestParse(t *testing.T) {
-	for _, tc := range []struct {
-		in, want, wantErr string
-	}{
-		{in: "factor=2,max=128Mi", want: "factor=2,max=128Mi"},
-		{in: " max=4Gi , factor=1.5 ", want: "factor=1.5,max=4Gi"},
-		{in: "factor=1.1,max=1G", want: "factor=1.1,max=1G"},
-		{in: "factor=2", wantErr: "both factor and max are required"},
-		{in: "max=1Gi", wantErr: "both factor and max are required"},
-		{in: "factor=1.05,max=1Gi", wantErr: "factor \"1.05\": want a number from 1.1 to 10"},
-		{in: "factor=11,max=1Gi", wantErr: "from 1.1 to 10"},
-		{in: "factor=NaN,max=1Gi", wantErr: "from 1.1 to 10"},
-		{in: "factor=2,max=lots", wantErr: "max \"lots\": want a positive memory quantity"},
-		{in: "factor=2,max=0", wantErr: "positive memory quantity"},
-		{in: "factor=2,max=1Gi,retries=3", wantErr: "unknown key \"retries\""},
-		{in: "2x", wantErr: "\"2x\" is not key=value"},
-	} {
-		s, err := Parse(tc.in)
-		switch {
-		case tc.wantErr != "":
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), Annotation) {
-				t.Errorf("Parse(%q) = %v, %v; want an error naming the annotation and %q", tc.in, s, err, tc.wantErr)
-			}
-		case err != nil || s.String() != tc.want:
-			t.Errorf("Parse(%q) = %v, %v; want %s", tc.in, s, err, tc.want)
-		}
-	}
-}
 
 // pod is a Failed pod with container main (limit, request) and optionally a pod-level
 // limit, killed as told.
@@ -65,7 +37,7 @@ var (
 	limitOOM = corev1.PodCondition{Type: conditions.OOMKilled, Status: corev1.ConditionTrue, Reason: conditions.ReasonMemoryLimitExceeded}
 	nodeOOM  = corev1.PodCondition{Type: conditions.DisruptionTarget, Status: corev1.ConditionTrue, Reason: conditions.ReasonNodeOOMKill}
 	oomKill  = corev1.ContainerStateTerminated{ExitCode: 137, Reason: "OOMKilled"}
-	spec     = Spec{Factor: 2, Max: resource.MustParse("128Mi")}
+	spec     = v1alpha1.MemoryRetry{Factor: 2, Max: resource.MustParse("128Mi")}
 )
 
 func TestDecide(t *testing.T) {
@@ -114,14 +86,14 @@ func TestApply(t *testing.T) {
 	for _, tc := range []struct {
 		name                   string
 		pod                    *corev1.Pod
-		m                      Memory
+		m                      v1alpha1.Memory
 		wantLimit, wantRequest string
 		wantChanged            string
 	}{
-		{"Guaranteed stays Guaranteed", pod("24Mi", "24Mi", "", oomKill), Memory{"main": resource.MustParse("48Mi")}, "48Mi", "48Mi", "main=48Mi"},
-		{"a smaller request stays", pod("24Mi", "16Mi", "", oomKill), Memory{"main": resource.MustParse("48Mi")}, "48Mi", "16Mi", "main=48Mi"},
-		{"never shrinks", pod("64Mi", "16Mi", "", oomKill), Memory{"main": resource.MustParse("48Mi")}, "64Mi", "16Mi", ""},
-		{"no limit in the template: none added", pod("", "16Mi", "", oomKill), Memory{"main": resource.MustParse("48Mi")}, "0", "16Mi", ""},
+		{"Guaranteed stays Guaranteed", pod("24Mi", "24Mi", "", oomKill), v1alpha1.Memory{"main": resource.MustParse("48Mi")}, "48Mi", "48Mi", "main=48Mi"},
+		{"a smaller request stays", pod("24Mi", "16Mi", "", oomKill), v1alpha1.Memory{"main": resource.MustParse("48Mi")}, "48Mi", "16Mi", "main=48Mi"},
+		{"never shrinks", pod("64Mi", "16Mi", "", oomKill), v1alpha1.Memory{"main": resource.MustParse("48Mi")}, "64Mi", "16Mi", ""},
+		{"no limit in the template: none added", pod("", "16Mi", "", oomKill), v1alpha1.Memory{"main": resource.MustParse("48Mi")}, "0", "16Mi", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			changed := Apply(tc.pod, tc.m)
@@ -132,17 +104,12 @@ func TestApply(t *testing.T) {
 	}
 	p := pod("24Mi", "", "40Mi", oomKill)
 	g, _ := Decide(spec, withCond(p, limitOOM))
-	changed := Apply(p, MemoryOf(p).With(g))
+	changed := Apply(p, v1alpha1.MemoryOf(p).With(g))
 	if diff := cmp.Diff("main=48Mi,pod=48Mi", changed.String()); diff != "" {
 		t.Errorf("pod-level growth applied (-want +got):\n%s", diff)
 	}
-	if got := MemoryOf(p).String(); got != "main=48Mi,pod=48Mi" {
+	if got := v1alpha1.MemoryOf(p).String(); got != "main=48Mi,pod=48Mi" {
 		t.Errorf("MemoryOf after Apply = %s", got)
-	}
-	a := Memory{"main": resource.MustParse("48Mi"), "": resource.MustParse("32Mi")}
-	b := Memory{"main": resource.MustParse("24Mi"), "": resource.MustParse("64Mi"), "x": resource.MustParse("1Mi")}
-	if got := a.Max(b).String(); got != "main=48Mi,x=1Mi,pod=64Mi" {
-		t.Errorf("Max = %s", got)
 	}
 }
 

@@ -8,9 +8,9 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/jobsync"
-	"github.com/coroner-dev/coroner/shim/memretry"
 )
 
 // memoryTask is the command of the Job: index 1 needs about 36 MiB (memhog holds
@@ -34,7 +34,7 @@ func memoryRetry(t *testing.T, node string) {
 			Command("sh", "-c", memoryTask).Obj(), node)
 		withResources(j, nil, quantities("memory", "24Mi"))
 		if grows {
-			j.Annotations = map[string]string{memretry.Annotation: "factor=2,max=128Mi"}
+			j.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: "factor=2,max=128Mi"}
 		}
 		return j
 	}

@@ -12,8 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
-	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/test/images"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
@@ -175,7 +175,7 @@ echo "attempt after a node OOM: done"`, args)
 		limit = "1Gi"
 	}
 	withResources(j, quantities("memory", "16Mi"), quantities("memory", limit))
-	j.Annotations = map[string]string{memretry.Annotation: "factor=2,max=8Gi"}
+	j.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: "factor=2,max=8Gi"}
 	createJob(ctx, t, j)
 	first := waitRunning(ctx, t, ns, j.Name, 1, budget(node, time.Minute))[0]
 	time.Sleep(2 * time.Second) // let it grow past everything else on the node
@@ -199,8 +199,8 @@ echo "attempt after a node OOM: done"`, args)
 		t.Errorf("want 2 pods, the second with %s=1; got %d", batchv1.JobIndexIgnoredFailureCountAnnotation, len(pods))
 	}
 	for _, p := range pods {
-		if q := p.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory]; q.String() != limit || p.Annotations[memretry.GivenAnnotation] != "" {
-			t.Errorf("pod %s: memory limit %s, %s %q: a node OOM grew the memory", p.Name, q.String(), memretry.GivenAnnotation, p.Annotations[memretry.GivenAnnotation])
+		if q := p.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory]; q.String() != limit || p.Annotations[v1alpha1.AnnotationMemoryGiven] != "" {
+			t.Errorf("pod %s: memory limit %s, %s %q: a node OOM grew the memory", p.Name, q.String(), v1alpha1.AnnotationMemoryGiven, p.Annotations[v1alpha1.AnnotationMemoryGiven])
 		}
 	}
 	wantEvent(ctx, t, ns, j.Name, conditions.EventReasonPodFailurePolicy, conditions.ReasonNodeOOMKill, "Ignore")

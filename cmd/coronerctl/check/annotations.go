@@ -7,8 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
-	"github.com/coroner-dev/coroner/shim/memretry"
 )
 
 // lintOptIn checks the annotations that opt pods in to zombie recovery
@@ -60,12 +60,12 @@ type annotationsAt struct {
 // ever grow); on a Job not handed to coroner-shim it has no effect, a warning; a template
 // without a memory limit to grow is a warning too.
 func lintMemoryRetry(at annotationsAt, spec *batchv1.JobSpec, managedBy string) []Finding {
-	v, ok := at.annotations[memretry.Annotation]
+	v, ok := at.annotations[v1alpha1.AnnotationOOMMemoryRetry]
 	if !ok {
 		return nil
 	}
-	path := at.path.Key(memretry.Annotation).String()
-	s, err := memretry.Parse(v)
+	path := at.path.Key(v1alpha1.AnnotationOOMMemoryRetry).String()
+	s, err := v1alpha1.ParseMemoryRetry(v)
 	if err != nil {
 		return []Finding{{Severity: Error, Field: path, Message: err.Error()}}
 	}

@@ -7,8 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
-	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
@@ -37,7 +37,7 @@ func TestMemoryRetryAnnotation(t *testing.T) {
 				w = w.ManagedBy(tc.managedBy)
 			}
 			job := w.Obj()
-			job.Annotations = map[string]string{memretry.Annotation: tc.value}
+			job.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: tc.value}
 			if tc.onFailure {
 				job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyOnFailure
 			}
@@ -46,7 +46,7 @@ func TestMemoryRetryAnnotation(t *testing.T) {
 			}
 			var got []Finding
 			for _, f := range Job(job, conditions.ManagedBy) {
-				if strings.Contains(f.Field, memretry.Annotation) {
+				if strings.Contains(f.Field, v1alpha1.AnnotationOOMMemoryRetry) {
 					got = append(got, f)
 				}
 			}

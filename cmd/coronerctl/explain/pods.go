@@ -7,8 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
-	"github.com/coroner-dev/coroner/shim/memretry"
 )
 
 // startingReasons are the waiting reasons of a container on its normal way to running.
@@ -107,7 +107,7 @@ func classify(p *corev1.Pod) (PodState, string) {
 // the exit history of in-place restarts.
 func details(p *corev1.Pod) []Line {
 	var out []Line
-	if given, ok := p.Annotations[memretry.GivenAnnotation]; ok {
+	if given, ok := p.Annotations[v1alpha1.AnnotationMemoryGiven]; ok {
 		out = append(out, Line{"memory", "given " + given})
 	}
 	runtimeOOM := false

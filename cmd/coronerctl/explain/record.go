@@ -14,7 +14,6 @@ import (
 
 	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
-	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/shim/policy"
 )
 
@@ -121,7 +120,7 @@ func entryOutcome(e v1alpha1.Entry) string {
 func entryRule(job *batchv1.Job, e v1alpha1.Entry) string {
 	switch {
 	case e.Grown != "":
-		return memretry.Annotation + ": " + e.Grown
+		return v1alpha1.AnnotationOOMMemoryRetry + ": " + e.Grown
 	case e.Rule != nil:
 		return fmt.Sprintf("rule %d (%s)", *e.Rule, e.Action)
 	case job.Spec.PodFailurePolicy == nil || len(job.Spec.PodFailurePolicy.Rules) == 0:

@@ -129,7 +129,7 @@ func podReport(job *batchv1.Job, p *corev1.Pod) PodReport {
 		pr.Index = &ix
 	}
 	if g, grew := growth(job, p); grew {
-		pr.Rule = memretry.Annotation + ": " + g[0].String()
+		pr.Rule = v1alpha1.AnnotationOOMMemoryRetry + ": " + g[0].String()
 		pr.Action = "not counted; the replacement gets more memory"
 	} else if p.Status.Phase == corev1.PodFailed {
 		res := policy.Match(job.Spec.PodFailurePolicy, p)
@@ -329,8 +329,8 @@ func oneLine(s string) string {
 
 // growth is the memory growth coroner-shim makes of a failed pod of a Job with
 // coroner.dev/oom-memory-retry (package shim/memretry, as the shim decides it).
-func growth(job *batchv1.Job, p *corev1.Pod) ([]memretry.Growth, bool) {
-	spec, err := memretry.ForJob(job.Annotations)
+func growth(job *batchv1.Job, p *corev1.Pod) ([]v1alpha1.Growth, bool) {
+	spec, err := v1alpha1.MemoryRetryOf(job.Annotations)
 	if err != nil || spec == nil {
 		return nil, false
 	}
@@ -341,20 +341,20 @@ func growth(job *batchv1.Job, p *corev1.Pod) ([]memretry.Growth, bool) {
 // index were given, smallest first ("main=24Mi -> main=48Mi"); "" otherwise or when it
 // never grew.
 func memoryLadder(job *batchv1.Job, pods []*corev1.Pod) string {
-	if _, ok := job.Annotations[memretry.Annotation]; !ok {
+	if _, ok := job.Annotations[v1alpha1.AnnotationOOMMemoryRetry]; !ok {
 		return ""
 	}
-	var steps []memretry.Memory
+	var steps []v1alpha1.Memory
 	for _, p := range pods {
-		m := memretry.MemoryOf(p)
-		if !slices.ContainsFunc(steps, func(x memretry.Memory) bool { return x.String() == m.String() }) {
+		m := v1alpha1.MemoryOf(p)
+		if !slices.ContainsFunc(steps, func(x v1alpha1.Memory) bool { return x.String() == m.String() }) {
 			steps = append(steps, m)
 		}
 	}
 	if len(steps) < 2 {
 		return ""
 	}
-	slices.SortFunc(steps, func(a, b memretry.Memory) int { return total(a).Cmp(*total(b)) })
+	slices.SortFunc(steps, func(a, b v1alpha1.Memory) int { return total(a).Cmp(*total(b)) })
 	var out []string
 	for _, m := range steps {
 		out = append(out, m.String())
@@ -363,7 +363,7 @@ func memoryLadder(job *batchv1.Job, pods []*corev1.Pod) string {
 }
 
 // total is the sum of a Memory's limits, to order the steps of a ladder.
-func total(m memretry.Memory) *resource.Quantity {
+func total(m v1alpha1.Memory) *resource.Quantity {
 	var q resource.Quantity
 	for _, v := range m {
 		q.Add(v)

@@ -11,11 +11,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/cmd/coronerctl/explain"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/jobsync"
-	"github.com/coroner-dev/coroner/shim/memretry"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
@@ -36,7 +36,7 @@ func TestMemoryRetry(t *testing.T) {
 	f := newFixture(t, controller.Config{})
 	w := wrappers.MakeJob("grow", f.ns).Indexed().Completions(2).Parallelism(2).BackoffLimitPerIndex(0)
 	job := w.Obj()
-	job.Annotations = map[string]string{memretry.Annotation: "factor=2,max=64Mi"}
+	job.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: "factor=2,max=64Mi"}
 	job.Spec.Template.Spec.Containers[0].Resources = corev1.ResourceRequirements{
 		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("24Mi")},
 		Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("24Mi")},
@@ -56,8 +56,8 @@ func TestMemoryRetry(t *testing.T) {
 	if got := memoryOf(second); got != "48Mi/48Mi" {
 		t.Fatalf("the replacement of index 1 has limit/request %s, want 48Mi/48Mi", got)
 	}
-	if a := second.Annotations[memretry.GivenAnnotation]; !strings.HasPrefix(a, "main=48Mi: "+pods[1].Name+": container main OOM-killed at its limit of 24Mi; retried with 48Mi") {
-		t.Errorf("%s = %q", memretry.GivenAnnotation, a)
+	if a := second.Annotations[v1alpha1.AnnotationMemoryGiven]; !strings.HasPrefix(a, "main=48Mi: "+pods[1].Name+": container main OOM-killed at its limit of 24Mi; retried with 48Mi") {
+		t.Errorf("%s = %q", v1alpha1.AnnotationMemoryGiven, a)
 	}
 	f.waitEvent(job, corev1.EventTypeNormal, jobsync.EventReasonMemoryGrown,
 		"index 1 (pod "+pods[1].Name+"): container main OOM-killed at its limit of 24Mi; retried with 48Mi (coroner.dev/oom-memory-retry factor=2,max=64Mi)")
@@ -94,12 +94,12 @@ func TestMemoryRetry(t *testing.T) {
 	for _, p := range r.Pods {
 		switch p.Name {
 		case pods[1].Name:
-			if p.Rule != memretry.Annotation+": container main 24Mi -> 48Mi" || p.Action != "not counted; the replacement gets more memory" {
+			if p.Rule != v1alpha1.AnnotationOOMMemoryRetry+": container main 24Mi -> 48Mi" || p.Action != "not counted; the replacement gets more memory" {
 				t.Errorf("explain of %s: rule %q, action %q", p.Name, p.Rule, p.Action)
 			}
 			// The JobRecord kept what grew (the CRD's schema has the field: an unknown one
 			// would be pruned).
-			if len(p.Decisions) != 1 || !strings.Contains(p.Decisions[0], "failed, not counted") || !strings.Contains(p.Decisions[0], memretry.Annotation+": container main 24Mi -> 48Mi") {
+			if len(p.Decisions) != 1 || !strings.Contains(p.Decisions[0], "failed, not counted") || !strings.Contains(p.Decisions[0], v1alpha1.AnnotationOOMMemoryRetry+": container main 24Mi -> 48Mi") {
 				t.Errorf("explain's record of %s: %q", p.Name, p.Decisions)
 			}
 		case third.Name:
@@ -125,7 +125,7 @@ func TestMemoryRetryRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	job := wrappers.MakeJob("refused", f.ns).Indexed().Completions(1).BackoffLimitPerIndex(0).Obj()
-	job.Annotations = map[string]string{memretry.Annotation: "factor=2,max=64Mi"}
+	job.Annotations = map[string]string{v1alpha1.AnnotationOOMMemoryRetry: "factor=2,max=64Mi"}
 	job.Spec.Template.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("24Mi")}
 	job = f.createJob(&wrappers.JobWrapper{Job: *job})
 	pods := f.waitActive(job, 1, settle)
