@@ -125,7 +125,8 @@ bench-agent-storm: tools build ## the agent binary under 1,000 exits/min and 100
 
 fuzz: ## run the fuzz targets for a short while each
 	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=30s ./shim/indexes/
-	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=30s ./agent/exithistory/
+	$(GO) test -run='^$$' -fuzz=FuzzParseExitHistory -fuzztime=30s ./api/v1alpha1/
+	$(GO) test -run='^$$' -fuzz=FuzzAppend -fuzztime=30s ./agent/exithistory/
 
 # The lab needs root (network namespaces, a bridge, cgroups, mounts, containerd, kubelets).
 LAB := $(BIN)/coroner-lab

@@ -17,8 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/agent/metrics"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/cri"
 	"github.com/coroner-dev/coroner/cri/crifake"
@@ -247,9 +247,9 @@ func TestExitHistory(t *testing.T) {
 		e.src.Send(ev)
 		e.until("the exit classified", e.containerDone(id))
 	}
-	var entries []exithistory.Entry
+	var entries []v1alpha1.Exit
 	e.stepUntil("both exits recorded", 20*time.Millisecond, func() bool {
-		entries, _ = exithistory.Parse(e.pod("crashy").Annotations[conditions.AnnotationExitHistory])
+		entries, _ = v1alpha1.ParseExitHistory(e.pod("crashy").Annotations[conditions.AnnotationExitHistory])
 		return len(entries) == 2
 	})
 	if entries[0].RestartCount != 0 || entries[1].RestartCount != 1 || entries[1].ExitCode != 1 {

@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 )
 
@@ -30,16 +30,16 @@ func TestNativeSidecarExitHistory(t *testing.T) {
 		e.until("the exit classified", e.containerDone(id))
 		e.src.Send(ev) // seen again (a relist): no second entry
 	}
-	var entries []exithistory.Entry
+	var entries []v1alpha1.Exit
 	e.stepUntil("both exits recorded", 20*time.Millisecond, func() bool {
-		entries, _ = exithistory.Parse(e.pod("with-proxy").Annotations[conditions.AnnotationExitHistory])
+		entries, _ = v1alpha1.ParseExitHistory(e.pod("with-proxy").Annotations[conditions.AnnotationExitHistory])
 		return len(entries) == 2
 	})
 	for range 10 {
 		e.clk.Step(20 * time.Millisecond)
 		e.settle()
 	}
-	entries, _ = exithistory.Parse(e.pod("with-proxy").Annotations[conditions.AnnotationExitHistory])
+	entries, _ = v1alpha1.ParseExitHistory(e.pod("with-proxy").Annotations[conditions.AnnotationExitHistory])
 	if len(entries) != 2 || entries[0].Container != "proxy" || entries[0].RestartCount != 0 || entries[1].RestartCount != 1 {
 		t.Errorf("exit history %+v, want proxy's exits of restart 0 and 1", entries)
 	}

@@ -10,10 +10,10 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/coroner-dev/coroner/agent/classify"
-	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/agent/ledger"
 	"github.com/coroner-dev/coroner/agent/metrics"
 	"github.com/coroner-dev/coroner/agent/stamper"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/cri"
 )
@@ -39,7 +39,7 @@ func (a *Agent) exitClassified(logger klog.Logger, pod *corev1.Pod, ref stamper.
 	for _, s := range classify.StampsForExit(pod, v, e, now, classify.ExitOptions{History: a.history}) {
 		r := stamper.Request{Pod: ref, Stamp: s, EventTime: at, ObservedTime: x.ObservedAt}
 		if s.Kind == classify.KindExitHistory {
-			r.History = &exithistory.Entry{Container: e.Container, ExitCode: e.ExitCode, Reason: e.Reason,
+			r.History = &v1alpha1.Exit{Container: e.Container, ExitCode: e.ExitCode, Reason: e.Reason,
 				FinishedAt: e.FinishedAt, RestartCount: e.RestartCount, OOM: oomField(v.Kind)}
 		}
 		reqs = append(reqs, r)
@@ -96,11 +96,11 @@ func (a *Agent) oomClassified(logger klog.Logger, pod *corev1.Pod, ref stamper.P
 func oomField(k classify.OOMKind) string {
 	switch k {
 	case classify.LimitOOM:
-		return exithistory.OOMLimit
+		return v1alpha1.ExitOOMLimit
 	case classify.NodeOOM:
-		return exithistory.OOMNode
+		return v1alpha1.ExitOOMNode
 	case classify.UnknownOOM:
-		return exithistory.OOMUnknown
+		return v1alpha1.ExitOOMUnknown
 	}
 	return ""
 }

@@ -24,8 +24,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 
-	"github.com/coroner-dev/coroner/internal/daemon"
 	"github.com/coroner-dev/coroner/api/v1alpha1"
+	"github.com/coroner-dev/coroner/internal/daemon"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/informers"

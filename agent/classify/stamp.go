@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 )
 
@@ -178,12 +179,12 @@ func historyStamp(pod *corev1.Pod, v Verdict, e Exit, opts ExitOptions) (Stamp, 
 	if lim.MaxBytes == 0 {
 		lim.MaxBytes = exithistory.DefaultLimits.MaxBytes
 	}
-	entry := exithistory.Entry{
+	entry := v1alpha1.Exit{
 		Container: e.Container, ExitCode: e.ExitCode, Reason: e.Reason,
 		FinishedAt: e.FinishedAt, RestartCount: e.RestartCount, OOM: oomField(v.Kind),
 	}
 	value, changed, err := exithistory.Append(pod.Annotations[conditions.AnnotationExitHistory], entry, lim)
-	if err != nil && !errors.Is(err, exithistory.ErrMalformed) || !changed {
+	if err != nil && !errors.Is(err, v1alpha1.ErrMalformedExitHistory) || !changed {
 		return Stamp{}, false
 	}
 	s := Stamp{Kind: KindExitHistory, Reason: "Recorded",
@@ -199,11 +200,11 @@ func historyStamp(pod *corev1.Pod, v Verdict, e Exit, opts ExitOptions) (Stamp, 
 func oomField(k OOMKind) string {
 	switch k {
 	case LimitOOM:
-		return exithistory.OOMLimit
+		return v1alpha1.ExitOOMLimit
 	case NodeOOM:
-		return exithistory.OOMNode
+		return v1alpha1.ExitOOMNode
 	case UnknownOOM:
-		return exithistory.OOMUnknown
+		return v1alpha1.ExitOOMUnknown
 	}
 	return ""
 }

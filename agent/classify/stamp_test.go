@@ -12,6 +12,7 @@ import (
 
 	"github.com/coroner-dev/coroner/agent/cgroup"
 	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
@@ -46,9 +47,9 @@ func deleting(w *wrappers.PodWrapper) *wrappers.PodWrapper {
 	return w
 }
 
-func historyOf(t *testing.T, entries ...exithistory.Entry) string {
+func historyOf(t *testing.T, entries ...v1alpha1.Exit) string {
 	t.Helper()
-	s, err := exithistory.Format(entries)
+	s, err := v1alpha1.FormatExitHistory(entries)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,11 +64,11 @@ func TestStampsForExit(t *testing.T) {
 		Reason: conditions.ReasonMemoryLimitExceeded, Message: limitMsg, LastTransitionTime: ltt}
 	nodeOOM := &corev1.PodCondition{Type: conditions.DisruptionTarget, Status: corev1.ConditionTrue,
 		Reason: conditions.ReasonNodeOOMKill, Message: nodeMsg, LastTransitionTime: ltt}
-	hist := func(e ...exithistory.Entry) *Annotation {
+	hist := func(e ...v1alpha1.Exit) *Annotation {
 		return &Annotation{Key: conditions.AnnotationExitHistory, Value: historyOf(t, e...)}
 	}
-	entry := func(code int32, restarts int32, oom string) exithistory.Entry {
-		return exithistory.Entry{Container: "main", ExitCode: code, Reason: "Error", FinishedAt: finished, RestartCount: restarts, OOM: oom}
+	entry := func(code int32, restarts int32, oom string) v1alpha1.Exit {
+		return v1alpha1.Exit{Container: "main", ExitCode: code, Reason: "Error", FinishedAt: finished, RestartCount: restarts, OOM: oom}
 	}
 
 	cases := map[string]struct {
@@ -115,7 +116,7 @@ func TestStampsForExit(t *testing.T) {
 			pod:     restartingPod(corev1.RestartPolicyAlways).Obj(),
 			verdict: nodeVerdict(),
 			exit:    mainExit(137, 2),
-			want: []Stamp{{Kind: KindExitHistory, Reason: "Recorded", Annotation: hist(entry(137, 2, exithistory.OOMNode)),
+			want: []Stamp{{Kind: KindExitHistory, Reason: "Recorded", Annotation: hist(entry(137, 2, v1alpha1.ExitOOMNode)),
 				Message: "exit 137 of container main recorded in coroner.dev/exit-history"}},
 		},
 		"node OOM of an OnFailure pod whose PID 1 exited 0: not restarted, so the condition too": {
@@ -124,7 +125,7 @@ func TestStampsForExit(t *testing.T) {
 			exit:    func() Exit { e := mainExit(0, 1); e.Reason = "Error"; return e }(),
 			want: []Stamp{
 				{Kind: KindNodeOOM, Reason: conditions.ReasonNodeOOMKill, Condition: nodeOOM, Message: nodeMsg},
-				{Kind: KindExitHistory, Reason: "Recorded", Annotation: hist(entry(0, 1, exithistory.OOMNode)),
+				{Kind: KindExitHistory, Reason: "Recorded", Annotation: hist(entry(0, 1, v1alpha1.ExitOOMNode)),
 					Message: "exit 0 of container main recorded in coroner.dev/exit-history"},
 			},
 		},
@@ -140,7 +141,7 @@ func TestStampsForExit(t *testing.T) {
 			exit:    mainExit(137, 3),
 			want: []Stamp{
 				{Kind: KindLimitOOM, Reason: conditions.ReasonMemoryLimitExceeded, Condition: oomKilled, Message: limitMsg},
-				{Kind: KindExitHistory, Reason: "Recorded", Annotation: hist(entry(137, 3, exithistory.OOMLimit)),
+				{Kind: KindExitHistory, Reason: "Recorded", Annotation: hist(entry(137, 3, v1alpha1.ExitOOMLimit)),
 					Message: "exit 137 of container main recorded in coroner.dev/exit-history"},
 			},
 		},
@@ -202,7 +203,7 @@ func TestStampsForExit(t *testing.T) {
 			verdict: Verdict{Kind: NotOOM},
 			exit:    Exit{Container: "proxy", ExitCode: 1, RestartCount: 0, FinishedAt: finished},
 			want: []Stamp{{Kind: KindExitHistory, Reason: "Recorded",
-				Annotation: hist(exithistory.Entry{Container: "proxy", ExitCode: 1, FinishedAt: finished, RestartCount: 0}),
+				Annotation: hist(v1alpha1.Exit{Container: "proxy", ExitCode: 1, FinishedAt: finished, RestartCount: 0}),
 				Message:    "exit 1 of container proxy recorded in coroner.dev/exit-history"}},
 		},
 		"a native sidecar's node OOM kill in a Never pod: history only, no DisruptionTarget (it restarts in place)": {
@@ -214,7 +215,7 @@ func TestStampsForExit(t *testing.T) {
 			verdict: Verdict{Kind: NodeOOM},
 			exit:    Exit{Container: "proxy", ExitCode: 137, Reason: "OOMKilled", RestartCount: 2, FinishedAt: finished},
 			want: []Stamp{{Kind: KindExitHistory, Reason: "Recorded",
-				Annotation: hist(exithistory.Entry{Container: "proxy", ExitCode: 137, Reason: "OOMKilled", FinishedAt: finished, RestartCount: 2, OOM: exithistory.OOMNode}),
+				Annotation: hist(v1alpha1.Exit{Container: "proxy", ExitCode: 137, Reason: "OOMKilled", FinishedAt: finished, RestartCount: 2, OOM: v1alpha1.ExitOOMNode}),
 				Message:    "exit 137 of container proxy recorded in coroner.dev/exit-history"}},
 		},
 		"an ordinary init container's exit in a Never pod: no history": {
@@ -276,7 +277,7 @@ func TestStampsForExitHistoryLimits(t *testing.T) {
 		}
 		pod.Annotations[conditions.AnnotationExitHistory] = stamps[0].Annotation.Value
 	}
-	entries, err := exithistory.Parse(pod.Annotations[conditions.AnnotationExitHistory])
+	entries, err := v1alpha1.ParseExitHistory(pod.Annotations[conditions.AnnotationExitHistory])
 	if err != nil {
 		t.Fatal(err)
 	}

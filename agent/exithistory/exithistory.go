@@ -1,36 +1,7 @@
-// Package exithistory keeps the last container exits of a pod in its
-// annotation coroner.dev/exit-history (requirement A5).
-//
-// A pod with restartPolicy OnFailure or Always has its failed containers
-// restarted in place by the kubelet: the pod never fails, its status keeps
-// only the last termination of each container, and a podFailurePolicy
-// onExitCodes rule never sees the exits before (a known upstream gap; the
-// built-in controller even requires restartPolicy Never with a
-// podFailurePolicy). The agent records every exit it sees in the annotation so
-// that the shim, and a human with kubectl, can act on them.
-//
-// # Format
-//
-// The value is a compact JSON array of exits, oldest first:
-//
-//		[{"container":"main","exitCode":137,"reason":"OOMKilled","finishedAt":"2026-01-02T03:04:05Z","restartCount":2,"oom":"limit"}]
-//
-//	  - container: the container's name (required);
-//	  - exitCode: its exit code;
-//	  - reason: the runtime's reason ("Error", "OOMKilled", "Completed", ...),
-//	    at most 64 bytes; omitted when empty;
-//	  - finishedAt: when it exited, UTC, whole seconds (the precision of the
-//	    pod's own timestamps); omitted when unknown;
-//	  - restartCount: the container's restart count while it ran (0 for its
-//	    first run), as the kubelet labels it; omitted when unknown;
-//	  - oom: coroner's verdict when the exit was an OOM kill: "limit" (the
-//	    pod's own memory limit), "node" (node memory pressure), "unknown"
-//	    (an OOM kill that could not be placed); omitted otherwise.
-//
-// Readers must ignore fields they do not know, so fields can be added; a
-// value that is not such an array (or has an entry without a container) is
-// malformed, and Append replaces it rather than fail: the history is a
-// convenience, a stuck writer is not.
+// Package exithistory is how coroner-agent writes a pod's exit history, the annotation
+// coroner.dev/exit-history (docs/agent.md): its format, and reading it, are package
+// api/v1alpha1's (Exit, ParseExitHistory, FormatExitHistory); Append records one more
+// exit in it.
 //
 // # Bounds and identity
 //
@@ -44,45 +15,14 @@
 package exithistory
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 )
-
-// OOM verdicts as written in the "oom" field.
-const (
-	OOMLimit   = "limit"
-	OOMNode    = "node"
-	OOMUnknown = "unknown"
-)
-
-// Entry is one container exit.
-type Entry struct {
-	Container string
-	ExitCode  int32
-	Reason    string
-	// FinishedAt is when the container exited; zero when unknown.
-	FinishedAt time.Time
-	// RestartCount is the container's restart count while it ran; negative
-	// when unknown.
-	RestartCount int32
-	// OOM is OOMLimit, OOMNode, OOMUnknown or empty.
-	OOM string
-}
-
-// wire is Entry as written.
-type wire struct {
-	Container    string    `json:"container"`
-	ExitCode     int32     `json:"exitCode"`
-	Reason       string    `json:"reason,omitempty"`
-	FinishedAt   time.Time `json:"finishedAt,omitzero"`
-	RestartCount *int32    `json:"restartCount,omitempty"`
-	OOM          string    `json:"oom,omitempty"`
-}
 
 // Limits bound the history.
 type Limits struct {
@@ -103,62 +43,6 @@ const MinBytes = 512
 // maxReason bounds Reason (runtime reasons are short words; this is a guard).
 const maxReason = 64
 
-// ErrMalformed is wrapped by Parse's error, and by Append's when it replaced
-// a malformed annotation.
-var ErrMalformed = errors.New("malformed exit history")
-
-// Parse reads an annotation value. The empty string is an empty history.
-// The error wraps ErrMalformed and says what is wrong, for a log line.
-func Parse(s string) ([]Entry, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, nil
-	}
-	if t := strings.TrimSpace(s); t[0] != '[' {
-		return nil, fmt.Errorf("%w: not a JSON array: %.40q", ErrMalformed, s)
-	}
-	var ws []wire
-	if err := json.Unmarshal([]byte(s), &ws); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
-	}
-	entries := make([]Entry, 0, len(ws))
-	for i, w := range ws {
-		if w.Container == "" {
-			return nil, fmt.Errorf("%w: entry %d has no container", ErrMalformed, i)
-		}
-		if y := w.FinishedAt.UTC().Year(); !w.FinishedAt.IsZero() && (y < 1 || y > 9999) {
-			return nil, fmt.Errorf("%w: entry %d: finishedAt %v is out of range", ErrMalformed, i, w.FinishedAt)
-		}
-		e := Entry{Container: w.Container, ExitCode: w.ExitCode, Reason: w.Reason, FinishedAt: w.FinishedAt, RestartCount: -1, OOM: w.OOM}
-		if w.RestartCount != nil {
-			if *w.RestartCount < 0 {
-				return nil, fmt.Errorf("%w: entry %d: negative restartCount %d", ErrMalformed, i, *w.RestartCount)
-			}
-			e.RestartCount = *w.RestartCount
-		}
-		entries = append(entries, e)
-	}
-	return entries, nil
-}
-
-// Format writes entries as an annotation value (no bounds applied; see
-// Append). An empty history is "[]".
-func Format(entries []Entry) (string, error) {
-	ws := make([]wire, 0, len(entries))
-	for _, e := range entries {
-		w := wire{Container: e.Container, ExitCode: e.ExitCode, Reason: e.Reason, FinishedAt: e.FinishedAt, OOM: e.OOM}
-		if e.RestartCount >= 0 {
-			rc := e.RestartCount
-			w.RestartCount = &rc
-		}
-		ws = append(ws, w)
-	}
-	b, err := json.Marshal(ws)
-	if err != nil {
-		return "", err
-	}
-	return string(b), nil
-}
-
 // Append records exit e in the history current (an annotation value, maybe
 // empty) and returns the new value and whether it differs from current.
 //
@@ -177,17 +61,17 @@ func Format(entries []Entry) (string, error) {
 //     to 64 bytes.
 //
 // A malformed current is replaced by a history of just e: the value returned
-// is then to be written, and the error (wrapping ErrMalformed) says what was
+// is then to be written, and the error (wrapping v1alpha1.ErrMalformedExitHistory) says what was
 // wrong, for a log line; changed is true. Any other error (e has no container
 // name) returns current unchanged.
-func Append(current string, e Entry, lim Limits) (value string, changed bool, err error) {
+func Append(current string, e v1alpha1.Exit, lim Limits) (value string, changed bool, err error) {
 	if e.Container == "" {
 		return current, false, errors.New("exithistory: exit without a container name")
 	}
 	lim = lim.normalized()
 	e = normalize(e)
 
-	entries, perr := Parse(current)
+	entries, perr := v1alpha1.ParseExitHistory(current)
 	if perr != nil {
 		entries = nil
 	}
@@ -195,7 +79,7 @@ func Append(current string, e Entry, lim Limits) (value string, changed bool, er
 		entries[i] = normalize(entries[i])
 	}
 
-	if i := slices.IndexFunc(entries, func(x Entry) bool { return sameExit(x, e) }); i >= 0 {
+	if i := slices.IndexFunc(entries, func(x v1alpha1.Exit) bool { return sameExit(x, e) }); i >= 0 {
 		entries[i] = fillIn(entries[i], e)
 	} else {
 		at := len(entries)
@@ -218,12 +102,12 @@ func Append(current string, e Entry, lim Limits) (value string, changed bool, er
 }
 
 // bounded formats the last entries that fit lim.
-func bounded(entries []Entry, lim Limits) (string, error) {
+func bounded(entries []v1alpha1.Exit, lim Limits) (string, error) {
 	if len(entries) > lim.MaxEntries {
 		entries = entries[len(entries)-lim.MaxEntries:]
 	}
 	for {
-		s, err := Format(entries)
+		s, err := v1alpha1.FormatExitHistory(entries)
 		if err != nil {
 			return "", err
 		}
@@ -244,7 +128,7 @@ func (l Limits) normalized() Limits {
 	return l
 }
 
-func normalize(e Entry) Entry {
+func normalize(e v1alpha1.Exit) v1alpha1.Exit {
 	if !e.FinishedAt.IsZero() {
 		e.FinishedAt = e.FinishedAt.UTC().Truncate(time.Second)
 	}
@@ -265,7 +149,7 @@ func normalize(e Entry) Entry {
 }
 
 // sameExit reports whether a and b are the same exit of the same container.
-func sameExit(a, b Entry) bool {
+func sameExit(a, b v1alpha1.Exit) bool {
 	if a.Container != b.Container {
 		return false
 	}
@@ -284,7 +168,7 @@ func sameExit(a, b Entry) bool {
 }
 
 // fillIn completes recorded with what it lacks and e has.
-func fillIn(recorded, e Entry) Entry {
+func fillIn(recorded, e v1alpha1.Exit) v1alpha1.Exit {
 	if recorded.Reason == "" {
 		recorded.Reason = e.Reason
 	}

@@ -8,183 +8,124 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 )
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 func at(sec int) time.Time { return t0.Add(time.Duration(sec) * time.Second) }
 
-func exit(container string, code int32, restarts int32, finished time.Time) Entry {
+func exit(container string, code int32, restarts int32, finished time.Time) v1alpha1.Exit {
 	reason := "Error"
 	if code == 0 {
 		reason = "Completed"
 	}
-	return Entry{Container: container, ExitCode: code, Reason: reason, FinishedAt: finished, RestartCount: restarts}
+	return v1alpha1.Exit{Container: container, ExitCode: code, Reason: reason, FinishedAt: finished, RestartCount: restarts}
 }
 
-func format(t *testing.T, entries ...Entry) string {
+func format(t *testing.T, entries ...v1alpha1.Exit) string {
 	t.Helper()
-	s, err := Format(entries)
+	s, err := v1alpha1.FormatExitHistory(entries)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
 }
 
-func TestFormatIsCompactAndStable(t *testing.T) {
-	got := format(t,
-		Entry{Container: "main", ExitCode: 137, Reason: "OOMKilled", FinishedAt: t0, RestartCount: 2, OOM: OOMLimit},
-		Entry{Container: "side", ExitCode: 1, RestartCount: -1},
-	)
-	want := `[{"container":"main","exitCode":137,"reason":"OOMKilled","finishedAt":"2026-01-02T03:04:05Z","restartCount":2,"oom":"limit"},` +
-		`{"container":"side","exitCode":1}]`
-	if got != want {
-		t.Errorf("Format() =\n%s\nwant\n%s", got, want)
-	}
-	if got := format(t); got != "[]" {
-		t.Errorf("Format(nil) = %q, want []", got)
-	}
-}
-
-func TestParse(t *testing.T) {
-	cases := map[string]struct {
-		in        string
-		want      []Entry
-		malformed bool
-	}{
-		"empty is no history":        {in: "", want: nil},
-		"blank is no history":        {in: "  ", want: nil},
-		"empty array":                {in: "[]", want: []Entry{}},
-		"restart count 0 is kept":    {in: `[{"container":"a","exitCode":1,"restartCount":0}]`, want: []Entry{{Container: "a", ExitCode: 1, RestartCount: 0}}},
-		"missing restart count":      {in: `[{"container":"a","exitCode":1}]`, want: []Entry{{Container: "a", ExitCode: 1, RestartCount: -1}}},
-		"unknown fields are ignored": {in: `[{"container":"a","exitCode":3,"signal":9,"finishedAt":"2026-01-02T03:04:05Z"}]`, want: []Entry{{Container: "a", ExitCode: 3, FinishedAt: t0, RestartCount: -1}}},
-		"all fields": {
-			in:   `[{"container":"main","exitCode":137,"reason":"OOMKilled","finishedAt":"2026-01-02T03:04:05Z","restartCount":2,"oom":"node"}]`,
-			want: []Entry{{Container: "main", ExitCode: 137, Reason: "OOMKilled", FinishedAt: t0, RestartCount: 2, OOM: OOMNode}},
-		},
-		"not JSON":                    {in: "main:137", malformed: true},
-		"an object, not an array":     {in: `{"container":"a"}`, malformed: true},
-		"null":                        {in: "null", malformed: true},
-		"entry without container":     {in: `[{"exitCode":1}]`, malformed: true},
-		"exit code of the wrong type": {in: `[{"container":"a","exitCode":"1"}]`, malformed: true},
-		"exit code out of range":      {in: `[{"container":"a","exitCode":4294967296}]`, malformed: true},
-		"negative restart count":      {in: `[{"container":"a","exitCode":1,"restartCount":-2}]`, malformed: true},
-		"bad time":                    {in: `[{"container":"a","exitCode":1,"finishedAt":"yesterday"}]`, malformed: true},
-		"truncated":                   {in: `[{"container":"a","exitCode":1}`, malformed: true},
-		"trailing garbage":            {in: `[] x`, malformed: true},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			got, err := Parse(tc.in)
-			if tc.malformed {
-				if !errors.Is(err, ErrMalformed) {
-					t.Fatalf("Parse(%q) error = %v, want ErrMalformed", tc.in, err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("Parse(%q) error = %v", tc.in, err)
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("Parse(%q) mismatch (-want +got):\n%s", tc.in, diff)
-			}
-		})
-	}
-}
-
 func TestAppend(t *testing.T) {
 	lim := Limits{MaxEntries: 3, MaxBytes: 2048}
 	cases := map[string]struct {
 		current       string
-		exit          Entry
+		exit          v1alpha1.Exit
 		lim           Limits
-		want          []Entry
+		want          []v1alpha1.Exit
 		wantChanged   bool
 		wantMalformed bool
 		wantErr       bool
 	}{
 		"first exit into an empty annotation": {
 			exit:        exit("main", 1, 0, at(0)),
-			want:        []Entry{exit("main", 1, 0, at(0))},
+			want:        []v1alpha1.Exit{exit("main", 1, 0, at(0))},
 			wantChanged: true,
 		},
 		"a later exit goes last": {
 			current:     format(t, exit("main", 1, 0, at(0))),
 			exit:        exit("main", 2, 1, at(30)),
-			want:        []Entry{exit("main", 1, 0, at(0)), exit("main", 2, 1, at(30))},
+			want:        []v1alpha1.Exit{exit("main", 1, 0, at(0)), exit("main", 2, 1, at(30))},
 			wantChanged: true,
 		},
 		"the same exit again changes nothing": {
 			current: format(t, exit("main", 1, 0, at(0)), exit("main", 2, 1, at(30))),
 			exit:    exit("main", 2, 1, at(30)),
-			want:    []Entry{exit("main", 1, 0, at(0)), exit("main", 2, 1, at(30))},
+			want:    []v1alpha1.Exit{exit("main", 1, 0, at(0)), exit("main", 2, 1, at(30))},
 		},
 		"the same restart count with a sub-second finish time is the same exit": {
 			current: format(t, exit("main", 2, 1, at(30))),
 			exit:    exit("main", 2, 1, at(30).Add(400*time.Millisecond)),
-			want:    []Entry{exit("main", 2, 1, at(30))},
+			want:    []v1alpha1.Exit{exit("main", 2, 1, at(30))},
 		},
 		"an exit recorded before an agent restart, observed again: no duplicate": {
 			current: format(t, exit("main", 137, 0, at(0)), exit("main", 1, 1, at(30))),
 			exit:    exit("main", 137, 0, at(0)),
-			want:    []Entry{exit("main", 137, 0, at(0)), exit("main", 1, 1, at(30))},
+			want:    []v1alpha1.Exit{exit("main", 137, 0, at(0)), exit("main", 1, 1, at(30))},
 		},
 		"the same restart count with another finish time is another exit (restart counts began again)": {
 			current:     format(t, exit("main", 1, 0, at(0))),
 			exit:        exit("main", 2, 0, at(40)),
-			want:        []Entry{exit("main", 1, 0, at(0)), exit("main", 2, 0, at(40))},
+			want:        []v1alpha1.Exit{exit("main", 1, 0, at(0)), exit("main", 2, 0, at(40))},
 			wantChanged: true,
 		},
 		"same restart count of another container is another exit": {
 			current:     format(t, exit("main", 1, 0, at(0))),
 			exit:        exit("sidecar", 1, 0, at(1)),
-			want:        []Entry{exit("main", 1, 0, at(0)), exit("sidecar", 1, 0, at(1))},
+			want:        []v1alpha1.Exit{exit("main", 1, 0, at(0)), exit("sidecar", 1, 0, at(1))},
 			wantChanged: true,
 		},
 		"unknown restart count: the finish time identifies the exit": {
 			current: format(t, exit("main", 1, -1, at(0))),
 			exit:    exit("main", 1, -1, at(0)),
-			want:    []Entry{exit("main", 1, -1, at(0))},
+			want:    []v1alpha1.Exit{exit("main", 1, -1, at(0))},
 		},
 		"unknown restart count and a different finish time is another exit": {
 			current:     format(t, exit("main", 1, -1, at(0))),
 			exit:        exit("main", 1, -1, at(20)),
-			want:        []Entry{exit("main", 1, -1, at(0)), exit("main", 1, -1, at(20))},
+			want:        []v1alpha1.Exit{exit("main", 1, -1, at(0)), exit("main", 1, -1, at(20))},
 			wantChanged: true,
 		},
 		"a better informed observation fills in what was missing": {
-			current:     format(t, Entry{Container: "main", ExitCode: 137, RestartCount: -1, FinishedAt: at(5)}),
-			exit:        Entry{Container: "main", ExitCode: 137, Reason: "OOMKilled", RestartCount: 3, FinishedAt: at(5), OOM: OOMNode},
-			want:        []Entry{{Container: "main", ExitCode: 137, Reason: "OOMKilled", RestartCount: 3, FinishedAt: at(5), OOM: OOMNode}},
+			current:     format(t, v1alpha1.Exit{Container: "main", ExitCode: 137, RestartCount: -1, FinishedAt: at(5)}),
+			exit:        v1alpha1.Exit{Container: "main", ExitCode: 137, Reason: "OOMKilled", RestartCount: 3, FinishedAt: at(5), OOM: v1alpha1.ExitOOMNode},
+			want:        []v1alpha1.Exit{{Container: "main", ExitCode: 137, Reason: "OOMKilled", RestartCount: 3, FinishedAt: at(5), OOM: v1alpha1.ExitOOMNode}},
 			wantChanged: true,
 		},
 		"a later observation never contradicts a recorded exit": {
-			current: format(t, Entry{Container: "main", ExitCode: 137, Reason: "OOMKilled", RestartCount: 3, FinishedAt: at(5), OOM: OOMLimit}),
-			exit:    Entry{Container: "main", ExitCode: 137, Reason: "Error", RestartCount: 3, FinishedAt: at(5), OOM: OOMNode},
-			want:    []Entry{{Container: "main", ExitCode: 137, Reason: "OOMKilled", RestartCount: 3, FinishedAt: at(5), OOM: OOMLimit}},
+			current: format(t, v1alpha1.Exit{Container: "main", ExitCode: 137, Reason: "OOMKilled", RestartCount: 3, FinishedAt: at(5), OOM: v1alpha1.ExitOOMLimit}),
+			exit:    v1alpha1.Exit{Container: "main", ExitCode: 137, Reason: "Error", RestartCount: 3, FinishedAt: at(5), OOM: v1alpha1.ExitOOMNode},
+			want:    []v1alpha1.Exit{{Container: "main", ExitCode: 137, Reason: "OOMKilled", RestartCount: 3, FinishedAt: at(5), OOM: v1alpha1.ExitOOMLimit}},
 		},
 		"an exit observed late is placed by finish time": {
 			current:     format(t, exit("main", 1, 0, at(0)), exit("main", 3, 2, at(60))),
 			exit:        exit("main", 2, 1, at(30)),
-			want:        []Entry{exit("main", 1, 0, at(0)), exit("main", 2, 1, at(30)), exit("main", 3, 2, at(60))},
+			want:        []v1alpha1.Exit{exit("main", 1, 0, at(0)), exit("main", 2, 1, at(30)), exit("main", 3, 2, at(60))},
 			wantChanged: true,
 		},
 		"an exit without a finish time goes last": {
 			current:     format(t, exit("main", 1, 0, at(60))),
 			exit:        exit("main", 2, 1, time.Time{}),
-			want:        []Entry{exit("main", 1, 0, at(60)), exit("main", 2, 1, time.Time{})},
+			want:        []v1alpha1.Exit{exit("main", 1, 0, at(60)), exit("main", 2, 1, time.Time{})},
 			wantChanged: true,
 		},
 		"the oldest exit is dropped beyond MaxEntries": {
 			current:     format(t, exit("main", 1, 0, at(0)), exit("main", 1, 1, at(10)), exit("main", 1, 2, at(20))),
 			exit:        exit("main", 1, 3, at(30)),
-			want:        []Entry{exit("main", 1, 1, at(10)), exit("main", 1, 2, at(20)), exit("main", 1, 3, at(30))},
+			want:        []v1alpha1.Exit{exit("main", 1, 1, at(10)), exit("main", 1, 2, at(20)), exit("main", 1, 3, at(30))},
 			wantChanged: true,
 		},
 		"an exit older than a full history is dropped at once: no change": {
 			current: format(t, exit("main", 1, 1, at(10)), exit("main", 1, 2, at(20)), exit("main", 1, 3, at(30))),
 			exit:    exit("main", 1, 0, at(0)),
-			want:    []Entry{exit("main", 1, 1, at(10)), exit("main", 1, 2, at(20)), exit("main", 1, 3, at(30))},
+			want:    []v1alpha1.Exit{exit("main", 1, 1, at(10)), exit("main", 1, 2, at(20)), exit("main", 1, 3, at(30))},
 		},
 		"the oldest exits are dropped beyond MaxBytes": {
 			// Each exit takes 103 bytes: five (521 bytes) fit in 530, six do not.
@@ -192,7 +133,7 @@ func TestAppend(t *testing.T) {
 				exit("main", 1, 3, at(30)), exit("main", 1, 4, at(40))),
 			exit: exit("main", 1, 5, at(50)),
 			lim:  Limits{MaxEntries: 10, MaxBytes: 530},
-			want: []Entry{exit("main", 1, 1, at(10)), exit("main", 1, 2, at(20)), exit("main", 1, 3, at(30)),
+			want: []v1alpha1.Exit{exit("main", 1, 1, at(10)), exit("main", 1, 2, at(20)), exit("main", 1, 3, at(30)),
 				exit("main", 1, 4, at(40)), exit("main", 1, 5, at(50))},
 			wantChanged: true,
 		},
@@ -200,37 +141,37 @@ func TestAppend(t *testing.T) {
 			current:     format(t, exit("main", 1, 0, at(0)), exit("main", 1, 1, at(10))),
 			exit:        exit("main", 1, 2, at(20)),
 			lim:         Limits{MaxEntries: 10, MaxBytes: 1},
-			want:        []Entry{exit("main", 1, 0, at(0)), exit("main", 1, 1, at(10)), exit("main", 1, 2, at(20))},
+			want:        []v1alpha1.Exit{exit("main", 1, 0, at(0)), exit("main", 1, 1, at(10)), exit("main", 1, 2, at(20))},
 			wantChanged: true,
 		},
 		"a long reason is cut to 64 bytes without splitting a character": {
-			exit:        Entry{Container: "main", ExitCode: 1, Reason: strings.Repeat("a", 63) + "é" + "tail", RestartCount: 0},
-			want:        []Entry{{Container: "main", ExitCode: 1, Reason: strings.Repeat("a", 63), RestartCount: 0}},
+			exit:        v1alpha1.Exit{Container: "main", ExitCode: 1, Reason: strings.Repeat("a", 63) + "é" + "tail", RestartCount: 0},
+			want:        []v1alpha1.Exit{{Container: "main", ExitCode: 1, Reason: strings.Repeat("a", 63), RestartCount: 0}},
 			wantChanged: true,
 		},
 		"a malformed annotation is replaced, with an error to log": {
 			current:       "main:137,main:1",
 			exit:          exit("main", 1, 4, at(0)),
-			want:          []Entry{exit("main", 1, 4, at(0))},
+			want:          []v1alpha1.Exit{exit("main", 1, 4, at(0))},
 			wantChanged:   true,
 			wantMalformed: true,
 		},
 		"an entry without a container makes the annotation malformed": {
 			current:       `[{"exitCode":1}]`,
 			exit:          exit("main", 1, 4, at(0)),
-			want:          []Entry{exit("main", 1, 4, at(0))},
+			want:          []v1alpha1.Exit{exit("main", 1, 4, at(0))},
 			wantChanged:   true,
 			wantMalformed: true,
 		},
 		"an exit without a container is refused": {
 			current: format(t, exit("main", 1, 0, at(0))),
-			exit:    Entry{ExitCode: 1},
-			want:    []Entry{exit("main", 1, 0, at(0))},
+			exit:    v1alpha1.Exit{ExitCode: 1},
+			want:    []v1alpha1.Exit{exit("main", 1, 0, at(0))},
 			wantErr: true,
 		},
 		"finish times are stored in UTC, whole seconds": {
 			exit:        exit("main", 1, 0, time.Date(2026, 1, 2, 4, 4, 5, 999, time.FixedZone("CET", 3600))),
-			want:        []Entry{exit("main", 1, 0, t0)},
+			want:        []v1alpha1.Exit{exit("main", 1, 0, t0)},
 			wantChanged: true,
 		},
 	}
@@ -243,11 +184,11 @@ func TestAppend(t *testing.T) {
 			got, changed, err := Append(tc.current, tc.exit, l)
 			switch {
 			case tc.wantMalformed:
-				if !errors.Is(err, ErrMalformed) {
-					t.Errorf("Append() error = %v, want ErrMalformed", err)
+				if !errors.Is(err, v1alpha1.ErrMalformedExitHistory) {
+					t.Errorf("Append() error = %v, want v1alpha1.ErrMalformedExitHistory", err)
 				}
 			case tc.wantErr:
-				if err == nil || errors.Is(err, ErrMalformed) {
+				if err == nil || errors.Is(err, v1alpha1.ErrMalformedExitHistory) {
 					t.Errorf("Append() error = %v, want a non-malformed error", err)
 				}
 				if got != tc.current {
@@ -259,7 +200,7 @@ func TestAppend(t *testing.T) {
 			if changed != tc.wantChanged {
 				t.Errorf("Append() changed = %v, want %v", changed, tc.wantChanged)
 			}
-			entries, err := Parse(got)
+			entries, err := v1alpha1.ParseExitHistory(got)
 			if err != nil {
 				t.Fatalf("Append() = %q, which does not parse: %v", got, err)
 			}
@@ -277,7 +218,7 @@ func TestAppendBoundsWithDefaults(t *testing.T) {
 	s := ""
 	for i := range 100 {
 		var err error
-		s, _, err = Append(s, Entry{Container: fmt.Sprintf("container-%02d", i%7), ExitCode: int32(i), Reason: "Error", FinishedAt: at(i), RestartCount: int32(i)}, DefaultLimits)
+		s, _, err = Append(s, v1alpha1.Exit{Container: fmt.Sprintf("container-%02d", i%7), ExitCode: int32(i), Reason: "Error", FinishedAt: at(i), RestartCount: int32(i)}, DefaultLimits)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -285,7 +226,7 @@ func TestAppendBoundsWithDefaults(t *testing.T) {
 			t.Fatalf("after %d exits the annotation is %d bytes, over %d", i+1, len(s), DefaultLimits.MaxBytes)
 		}
 	}
-	entries, err := Parse(s)
+	entries, err := v1alpha1.ParseExitHistory(s)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,10 +4,10 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 )
 
-func FuzzParse(f *testing.F) {
+func FuzzAppend(f *testing.F) {
 	for _, s := range []string{
 		"", "[]", "null", "{}", "[{}]", `[{"container":"a"}]`,
 		`[{"container":"main","exitCode":137,"reason":"OOMKilled","finishedAt":"2026-01-02T03:04:05Z","restartCount":2,"oom":"limit"}]`,
@@ -19,38 +19,15 @@ func FuzzParse(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		entries, err := Parse(in)
-		if err != nil {
-			if !errors.Is(err, ErrMalformed) {
-				t.Fatalf("Parse(%q) error %v does not wrap ErrMalformed", in, err)
-			}
-		} else {
-			// What parses formats, and parses back to the same.
-			s, err := Format(entries)
-			if err != nil {
-				t.Fatalf("Parse(%q) = %+v, which does not format: %v", in, entries, err)
-			}
-			again, err := Parse(s)
-			if err != nil {
-				t.Fatalf("Format() = %q, which does not parse: %v", s, err)
-			}
-			if len(entries) == 0 && len(again) == 0 {
-				entries, again = nil, nil
-			}
-			if diff := cmp.Diff(entries, again); diff != "" {
-				t.Fatalf("round trip of %q through %q differs (-first +second):\n%s", in, s, diff)
-			}
-		}
-
 		// Whatever the annotation holds, Append gives a bounded, parseable
 		// value that holds the new exit, and appending it again is no change.
-		e := Entry{Container: "main", ExitCode: 137, Reason: "OOMKilled", RestartCount: 99}
+		e := v1alpha1.Exit{Container: "main", ExitCode: 137, Reason: "OOMKilled", RestartCount: 99}
 		lim := Limits{MaxEntries: 3, MaxBytes: 600}
 		v, _, err := Append(in, e, lim)
-		if err != nil && !errors.Is(err, ErrMalformed) {
+		if err != nil && !errors.Is(err, v1alpha1.ErrMalformedExitHistory) {
 			t.Fatalf("Append(%q) error = %v", in, err)
 		}
-		got, err := Parse(v)
+		got, err := v1alpha1.ParseExitHistory(v)
 		if err != nil {
 			t.Fatalf("Append(%q) = %q, which does not parse: %v", in, v, err)
 		}

@@ -6,14 +6,14 @@ package stamper
 import (
 	"time"
 
-	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 )
 
 // work is one pod's write: its pending requests and its exit history.
 type work struct {
 	q       *podQueue
 	reqs    []Request
-	history []exithistory.Entry
+	history []v1alpha1.Exit
 }
 
 // takeDue moves the due pods' pending requests out and marks them in flight.
@@ -26,7 +26,7 @@ func (s *Stamper) takeDue(now time.Time) []work {
 			continue
 		}
 		q.writing = len(q.pending)
-		out = append(out, work{q: q, reqs: q.pending, history: append([]exithistory.Entry(nil), q.history...)})
+		out = append(out, work{q: q, reqs: q.pending, history: append([]v1alpha1.Exit(nil), q.history...)})
 		q.pending = nil
 	}
 	return out
@@ -140,7 +140,7 @@ func sameStamp(a, b Request) bool {
 }
 
 // remember records an exit for the annotation, keeping the latest max*2.
-func (q *podQueue) remember(e exithistory.Entry, limit int) {
+func (q *podQueue) remember(e v1alpha1.Exit, limit int) {
 	for _, h := range q.history {
 		if h == e {
 			return

@@ -46,6 +46,7 @@ import (
 	"github.com/coroner-dev/coroner/agent/classify"
 	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/agent/metrics"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 )
 
@@ -73,7 +74,7 @@ type Request struct {
 	Stamp classify.Stamp
 	// History is the exit of a KindExitHistory stamp; the stamp's own annotation value
 	// is not used (see the package comment).
-	History *exithistory.Entry
+	History *v1alpha1.Exit
 	// EventTime is the runtime's time of what the stamp is about (finishedAt, OOM event
 	// time), the start of the detection latency. Zero: not recorded.
 	EventTime time.Time
@@ -136,7 +137,7 @@ type podQueue struct {
 	// writing is how many requests the write in flight carries; 0: none in flight.
 	writing int
 	// history is every exit recorded for the pod, for the annotation's recomputation.
-	history []exithistory.Entry
+	history []v1alpha1.Exit
 	// forgotten: the pod was deleted while a write was in flight.
 	forgotten bool
 }

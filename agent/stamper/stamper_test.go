@@ -19,6 +19,7 @@ import (
 	"github.com/coroner-dev/coroner/agent/classify"
 	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/agent/metrics"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/conditions/conditionstest"
 )
@@ -58,10 +59,10 @@ func phase(p corev1.PodPhase) classify.Stamp {
 	return classify.Stamp{Kind: classify.KindTerminalPhase, Reason: string(p), Phase: p, Message: "phase " + string(p)}
 }
 
-func history(container string, restart int32) (classify.Stamp, *exithistory.Entry) {
+func history(container string, restart int32) (classify.Stamp, *v1alpha1.Exit) {
 	return classify.Stamp{Kind: classify.KindExitHistory, Reason: "Recorded",
 			Annotation: &classify.Annotation{Key: conditions.AnnotationExitHistory, Value: "ignored"}},
-		&exithistory.Entry{Container: container, ExitCode: 1, Reason: "Error", FinishedAt: t0.Add(time.Duration(restart) * time.Second), RestartCount: restart}
+		&v1alpha1.Exit{Container: container, ExitCode: 1, Reason: "Error", FinishedAt: t0.Add(time.Duration(restart) * time.Second), RestartCount: restart}
 }
 
 type env struct {
@@ -433,7 +434,7 @@ func TestExitHistoryFromStaleCache(t *testing.T) {
 	e.s.Add(Request{Pod: ref, Stamp: s2, History: h2})
 	e.step(DefaultBatchPeriod)
 	e.waitPatches(3) // a conflict (stale resourceVersion), then the write
-	got, err := exithistory.Parse(e.pods.Pod(ns, podName).Annotations[conditions.AnnotationExitHistory])
+	got, err := v1alpha1.ParseExitHistory(e.pods.Pod(ns, podName).Annotations[conditions.AnnotationExitHistory])
 	if err != nil {
 		t.Fatal(err)
 	}

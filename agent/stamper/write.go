@@ -17,6 +17,7 @@ import (
 	"github.com/coroner-dev/coroner/agent/classify"
 	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/agent/metrics"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 )
 
@@ -165,7 +166,7 @@ func (s *Stamper) apply(ctx context.Context, pod *corev1.Pod, w work) (written, 
 		cur := pod.Annotations[conditions.AnnotationExitHistory]
 		value := cur
 		for _, e := range w.history {
-			if v, _, err := exithistory.Append(value, e, s.cfg.History); err == nil || errors.Is(err, exithistory.ErrMalformed) {
+			if v, _, err := exithistory.Append(value, e, s.cfg.History); err == nil || errors.Is(err, v1alpha1.ErrMalformedExitHistory) {
 				value = v
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/lab"
 )
@@ -152,7 +153,7 @@ func badInput(ctx context.Context, e *env, o options) result {
 			return false, nil
 		}
 		histVal = p.Annotations[conditions.AnnotationExitHistory]
-		h, err := exithistory.Parse(histVal)
+		h, err := v1alpha1.ParseExitHistory(histVal)
 		return err == nil && len(h) > 0, nil
 	})
 	if err != nil {
@@ -215,7 +216,7 @@ func badInput(ctx context.Context, e *env, o options) result {
 		if err != nil {
 			return false, nil
 		}
-		h, _ := exithistory.Parse(p.Annotations[conditions.AnnotationExitHistory])
+		h, _ := v1alpha1.ParseExitHistory(p.Annotations[conditions.AnnotationExitHistory])
 		restartTruth, _ = readRestartTruth(dir)
 		want := 0
 		for _, run := range restartTruth[restarter.Name] {

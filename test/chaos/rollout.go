@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/lab"
 )
@@ -162,7 +163,7 @@ func agentRollout(ctx context.Context, e *env, o options) result {
 			if p == nil {
 				continue
 			}
-			hist, _ := exithistory.Parse(p.Annotations[conditions.AnnotationExitHistory])
+			hist, _ := v1alpha1.ParseExitHistory(p.Annotations[conditions.AnnotationExitHistory])
 			seen := map[int32]int{}
 			for _, h := range hist {
 				seen[h.RestartCount]++

@@ -18,7 +18,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/bench/measure"
 	"github.com/coroner-dev/coroner/test/images"
@@ -92,7 +92,7 @@ func exitToStamp(t *testing.T) {
 				pods[p.Name] = s
 			}
 			if s.stamped.IsZero() {
-				if h, err := exithistory.Parse(p.Annotations[conditions.AnnotationExitHistory]); err == nil && len(h) > 0 {
+				if h, err := v1alpha1.ParseExitHistory(p.Annotations[conditions.AnnotationExitHistory]); err == nil && len(h) > 0 {
 					s.stamped = at
 				}
 			}

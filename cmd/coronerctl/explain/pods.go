@@ -6,7 +6,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/coroner-dev/coroner/agent/exithistory"
 	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 )
@@ -66,7 +65,7 @@ func classify(p *corev1.Pod) (PodState, string) {
 			return StateRestarting, fmt.Sprintf("%s %s %s, to be restarted in place (%d restarts so far)", cs.kind, cs.status.Name, exitText(t), cs.status.RestartCount)
 		}
 	}
-	history, _ := exithistory.Parse(p.Annotations[conditions.AnnotationExitHistory])
+	history, _ := v1alpha1.ParseExitHistory(p.Annotations[conditions.AnnotationExitHistory])
 	if restarts > 0 || len(history) > 0 {
 		text := fmt.Sprintf("running, restarted in place %d times", restarts)
 		if len(history) > 0 {
@@ -161,7 +160,7 @@ func details(p *corev1.Pod) []Line {
 		out = append(out, Line{"pod", strings.TrimPrefix(p.Status.Reason+": "+oneLine(p.Status.Message), ": ")})
 	}
 	if v, ok := p.Annotations[conditions.AnnotationExitHistory]; ok {
-		entries, err := exithistory.Parse(v)
+		entries, err := v1alpha1.ParseExitHistory(v)
 		switch {
 		case err != nil:
 			out = append(out, Line{"history", fmt.Sprintf("%s is malformed: %v", conditions.AnnotationExitHistory, err)})
@@ -202,9 +201,9 @@ func warnings(p *corev1.Pod) []string {
 
 func oomVerdict(v string) string {
 	switch v {
-	case exithistory.OOMLimit:
+	case v1alpha1.ExitOOMLimit:
 		return "the pod's own limit"
-	case exithistory.OOMNode:
+	case v1alpha1.ExitOOMNode:
 		return "node memory pressure"
 	}
 	return "not classified"

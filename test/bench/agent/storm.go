@@ -55,7 +55,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/containerd"
 	"github.com/coroner-dev/coroner/test/harness"
@@ -560,7 +560,7 @@ func (s *storm) finish(ctx context.Context, name string, p *kubeletsim.Pod, exit
 	for _, e := range exits {
 		o, want := &s.exits, ""
 		if e.oom {
-			o, want = &s.ooms, exithistory.OOMLimit
+			o, want = &s.ooms, v1alpha1.ExitOOMLimit
 		}
 		o.Generated++
 		got, ok := seen[e.attempt]
@@ -676,7 +676,7 @@ func (w *historyWatch) observe(obj any) {
 		return
 	}
 	now := time.Now()
-	entries, _ := exithistory.Parse(pod.Annotations[conditions.AnnotationExitHistory])
+	entries, _ := v1alpha1.ParseExitHistory(pod.Annotations[conditions.AnnotationExitHistory])
 	if len(entries) == 0 {
 		return
 	}

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/images"
 )
@@ -105,7 +105,7 @@ func viewOf(p *corev1.Pod, k kind) view {
 	}
 	switch k {
 	case kindExit:
-		if h, err := exithistory.Parse(p.Annotations[conditions.AnnotationExitHistory]); err == nil && len(h) > 0 {
+		if h, err := v1alpha1.ParseExitHistory(p.Annotations[conditions.AnnotationExitHistory]); err == nil && len(h) > 0 {
 			v.stamped = true
 		}
 		if p.Status.Phase == corev1.PodFailed {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/coroner-dev/coroner/agent"
 	"github.com/coroner-dev/coroner/agent/cgroup"
-	"github.com/coroner-dev/coroner/agent/exithistory"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/containerd"
 	"github.com/coroner-dev/coroner/test/containerd/containerdtest"
@@ -89,10 +89,10 @@ func (f *fixture) release(p *kubeletsim.Pod, id string) int {
 }
 
 // history reads the pod's exit history annotation.
-func (f *fixture) history(p *kubeletsim.Pod) []exithistory.Entry {
+func (f *fixture) history(p *kubeletsim.Pod) []v1alpha1.Exit {
 	f.t.Helper()
 	got := f.get(p)
-	entries, err := exithistory.Parse(got.Annotations[conditions.AnnotationExitHistory])
+	entries, err := v1alpha1.ParseExitHistory(got.Annotations[conditions.AnnotationExitHistory])
 	if err != nil {
 		f.t.Fatalf("exit history %q: %v", got.Annotations[conditions.AnnotationExitHistory], err)
 	}
