@@ -19,6 +19,7 @@ import (
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/jobsync"
 	"github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/shim/observe"
 )
 
 // Carrying out a Plan: the writes of one sync, in the order jobsync documents.
@@ -213,8 +214,8 @@ func (c *Controller) createPods(ctx context.Context, key string, job *batchv1.Jo
 	var (
 		mu          sync.Mutex
 		errs        []error
-		created     = map[jobsync.CreateReason]int{}
-		failed      = map[jobsync.CreateReason]int{}
+		created     = map[observe.CreateReason]int{}
+		failed      = map[observe.CreateReason]int{}
 		terminating atomic.Bool
 		notCreated  int
 	)

@@ -28,6 +28,7 @@ import (
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/jobsync"
+	"github.com/coroner-dev/coroner/shim/observe"
 )
 
 // apiCall is one write the controller sent to the API server.
@@ -108,12 +109,12 @@ func fullPlan(job *batchv1.Job, excess, done *corev1.Pod) jobsync.Plan {
 		Status:          status,
 		WriteStatus:     true,
 		Delete:          []jobsync.PodDelete{{Pod: excess, RemoveFinalizerFirst: true, Reason: "excess pod"}},
-		Create:          []jobsync.PodCreate{{Pod: newPlanPod(job, "new"), Reason: jobsync.CreateNew}},
+		Create:          []jobsync.PodCreate{{Pod: newPlanPod(job, "new"), Reason: observe.CreateNew}},
 		RemoveFinalizer: []*corev1.Pod{done},
 		Record:          backoff.Record{Failures: 2, LastFailure: time.Date(2026, 3, 1, 11, 59, 0, 0, time.UTC)},
 		RequeueAfter:    7 * time.Second,
 		Events:          []jobsync.Event{{Type: corev1.EventTypeNormal, Reason: "Decided", Message: "because"}},
-		Observations:    jobsync.Observations{PodsFinished: map[string]int{"succeeded": 1}},
+		Observations:    observe.Observations{PodsFinished: map[string]int{"succeeded": 1}},
 	}
 }
 
@@ -387,7 +388,7 @@ func TestSyncSlowStart(t *testing.T) {
 			plan.Status.Active = int32(tc.creations)
 			plan.Status.Ready = ptr.To[int32](0)
 			for i := range tc.creations {
-				plan.Create = append(plan.Create, jobsync.PodCreate{Pod: newPlanPod(job, fmt.Sprintf("p-%d", i)), Reason: jobsync.CreateNew})
+				plan.Create = append(plan.Create, jobsync.PodCreate{Pod: newPlanPod(job, fmt.Sprintf("p-%d", i)), Reason: observe.CreateNew})
 			}
 			f.c.syncJob = planFor(t, job, plan)
 

@@ -14,6 +14,7 @@ import (
 	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
+	"github.com/coroner-dev/coroner/shim/observe"
 	"github.com/coroner-dev/coroner/shim/record"
 )
 
@@ -136,14 +137,14 @@ func (s *state) manage() int32 {
 	return active + int32(len(pending))
 }
 
-func (s *state) createReason() CreateReason {
+func (s *state) createReason() observe.CreateReason {
 	switch {
 	case ptr.Deref(s.job.Spec.PodReplacementPolicy, batchv1.TerminatingOrFailed) == batchv1.Failed && s.failed > 0:
-		return CreateRecreateFailed
+		return observe.CreateRecreateFailed
 	case s.failed > 0 || s.terminating > 0:
-		return CreateRecreateTerminatingOrFailed
+		return observe.CreateRecreateTerminatingOrFailed
 	}
-	return CreateNew
+	return observe.CreateNew
 }
 
 // firstPendingIndexes returns up to count indexes, lowest first, that are neither

@@ -39,6 +39,7 @@ import (
 
 	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/shim/backoff"
+	"github.com/coroner-dev/coroner/shim/observe"
 )
 
 // MaxPodCreateDeletePerSync bounds the pods one sync creates, and those it deletes.
@@ -113,23 +114,14 @@ type Plan struct {
 	Events []Event
 	// Observations are the metrics of the decisions in this Plan, to record after the
 	// status write succeeded.
-	Observations Observations
+	Observations observe.Observations
 }
 
 // PodCreate is a pod to create.
 type PodCreate struct {
 	Pod    *corev1.Pod
-	Reason CreateReason
+	Reason observe.CreateReason
 }
-
-// CreateReason labels pod creations in metrics, with the built-in controller's values.
-type CreateReason string
-
-const (
-	CreateNew                         CreateReason = "new"
-	CreateRecreateTerminatingOrFailed CreateReason = "recreate_terminating_or_failed"
-	CreateRecreateFailed              CreateReason = "recreate_failed"
-)
 
 // PodDelete is an active pod to delete.
 type PodDelete struct {
@@ -149,30 +141,6 @@ type Event struct {
 	Type    string // corev1.EventTypeNormal or corev1.EventTypeWarning
 	Reason  string
 	Message string
-}
-
-// Observations are the metrics of one Plan.
-type Observations struct {
-	// PodFailures counts newly handled pod failures by pod failure policy action:
-	// "FailJob", "FailIndex", "Ignore", "Count", or "None" when no rule matched or the
-	// Job has no policy.
-	PodFailures map[string]int
-	// FinishedIndexes counts indexes newly finished, by "succeeded"/"failed".
-	FinishedIndexes map[string]int
-	// PodsFinished counts pods newly counted in status.succeeded/failed, by
-	// "succeeded"/"failed".
-	PodsFinished map[string]int
-	// MemoryGrowths counts the failures whose replacement gets more memory
-	// (coroner.dev/oom-memory-retry).
-	MemoryGrowths int
-	// JobFinished is set when this Plan adds the Complete or Failed condition.
-	JobFinished *JobFinished
-}
-
-// JobFinished describes a Job that finished in this Plan.
-type JobFinished struct {
-	Succeeded bool
-	Reason    string
 }
 
 // Adjust corrects Status after the controller carried out Create and Delete: failedCreates

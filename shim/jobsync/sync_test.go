@@ -16,6 +16,7 @@ import (
 
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
+	"github.com/coroner-dev/coroner/shim/observe"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
@@ -123,7 +124,7 @@ func TestNewJobCreatesPods(t *testing.T) {
 				if ref := metav1.GetControllerOf(p); ref == nil || ref.UID != "job-uid" || ref.Kind != "Job" {
 					t.Errorf("controller reference = %+v", ref)
 				}
-				if c.Reason != CreateNew {
+				if c.Reason != observe.CreateNew {
 					t.Errorf("reason = %s, want new", c.Reason)
 				}
 			}
@@ -346,7 +347,7 @@ func TestGlobalBackoffDelaysReplacement(t *testing.T) {
 	// Once the delay has passed the replacement is created.
 	j.Status = plan.Status
 	later := Sync(Input{Job: j, Now: now.Add(7 * time.Second), Backoff: backoff.Default, Record: plan.Record, ExpectationsSatisfied: true})
-	if len(later.Create) != 1 || later.Create[0].Reason != CreateRecreateTerminatingOrFailed {
+	if len(later.Create) != 1 || later.Create[0].Reason != observe.CreateRecreateTerminatingOrFailed {
 		t.Errorf("after the delay: create %+v, want one recreate_terminating_or_failed", later.Create)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/backoff"
+	"github.com/coroner-dev/coroner/shim/observe"
 	"github.com/coroner-dev/coroner/shim/policy"
 	"github.com/coroner-dev/coroner/shim/record"
 )
@@ -156,7 +157,7 @@ func (s *state) track() {
 	}
 	fin := s.finished
 	s.setCondition(fin.Type, fin.Status, fin.Reason, fin.Message)
-	done := &JobFinished{Succeeded: fin.Type == batchv1.JobComplete, Reason: fin.Reason}
+	done := &observe.JobFinished{Succeeded: fin.Type == batchv1.JobComplete, Reason: fin.Reason}
 	s.plan.Observations.JobFinished = done
 	if done.Succeeded {
 		s.status.CompletionTime = ptr.To(s.now)

@@ -31,7 +31,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/coroner-dev/coroner/shim/jobsync"
+	"github.com/coroner-dev/coroner/shim/observe"
 )
 
 // Namespace is the prefix of every metric name.
@@ -284,10 +284,10 @@ func (m *Metrics) SetLeader(leading bool) {
 
 // Record adds the decisions of one carried-out Plan: pod failures by action, finished
 // pods and indexes, and the finished Job. completionMode is Indexed or NonIndexed and
-// backoffLimit is BackoffLimitPerIndex or BackoffLimitGlobal (jobsync.Observations does
+// backoffLimit is BackoffLimitPerIndex or BackoffLimitGlobal (observe.Observations does
 // not carry the Job's shape). Zero and negative counts are skipped. A nil m records
 // nothing.
-func (m *Metrics) Record(obs jobsync.Observations, completionMode, backoffLimit string) {
+func (m *Metrics) Record(obs observe.Observations, completionMode, backoffLimit string) {
 	if m == nil {
 		return
 	}
@@ -320,7 +320,7 @@ func (m *Metrics) Record(obs jobsync.Observations, completionMode, backoffLimit 
 
 // PodsCreated adds n pod creations with the given reason and status (Succeeded or
 // Failed). A nil m or n <= 0 records nothing.
-func (m *Metrics) PodsCreated(reason jobsync.CreateReason, status string, n int) {
+func (m *Metrics) PodsCreated(reason observe.CreateReason, status string, n int) {
 	if m == nil || n <= 0 {
 		return
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/coroner-dev/coroner/shim/jobsync"
+	"github.com/coroner-dev/coroner/shim/observe"
 )
 
 // samples returns every counter and gauge sample of reg as "name{l1=v1,...} value",
@@ -56,7 +56,7 @@ func allSamples(t *testing.T, reg *prometheus.Registry, skip ...string) []string
 func TestRecord(t *testing.T) {
 	cases := []struct {
 		name         string
-		obs          jobsync.Observations
+		obs          observe.Observations
 		mode         string
 		backoffLimit string
 		want         []string
@@ -68,7 +68,7 @@ func TestRecord(t *testing.T) {
 		},
 		{
 			name: "failures by action, finished pods",
-			obs: jobsync.Observations{
+			obs: observe.Observations{
 				PodFailures:  map[string]int{"Ignore": 2, "Count": 1, "None": 0},
 				PodsFinished: map[string]int{"failed": 1, "succeeded": 3},
 			},
@@ -83,10 +83,10 @@ func TestRecord(t *testing.T) {
 		},
 		{
 			name: "indexes finished, Job failed",
-			obs: jobsync.Observations{
+			obs: observe.Observations{
 				PodFailures:     map[string]int{"FailIndex": 1},
 				FinishedIndexes: map[string]int{"failed": 1, "succeeded": 2},
-				JobFinished:     &jobsync.JobFinished{Reason: "FailedIndexes"},
+				JobFinished:     &observe.JobFinished{Reason: "FailedIndexes"},
 			},
 			mode: "Indexed", backoffLimit: BackoffLimitPerIndex,
 			want: []string{
@@ -99,7 +99,7 @@ func TestRecord(t *testing.T) {
 		},
 		{
 			name: "Job completed",
-			obs:  jobsync.Observations{JobFinished: &jobsync.JobFinished{Succeeded: true, Reason: "CompletionsReached"}},
+			obs:  observe.Observations{JobFinished: &observe.JobFinished{Succeeded: true, Reason: "CompletionsReached"}},
 			mode: "NonIndexed", backoffLimit: BackoffLimitGlobal,
 			want: []string{
 				"coroner_jobs_finished_total{completion_mode=NonIndexed,reason=CompletionsReached,result=succeeded} 1",
@@ -122,9 +122,9 @@ func TestRecord(t *testing.T) {
 func TestPodsCreatedAndSyncDuration(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
-	m.PodsCreated(jobsync.CreateNew, Succeeded, 3)
-	m.PodsCreated(jobsync.CreateRecreateFailed, Failed, 1)
-	m.PodsCreated(jobsync.CreateNew, Failed, 0)
+	m.PodsCreated(observe.CreateNew, Succeeded, 3)
+	m.PodsCreated(observe.CreateRecreateFailed, Failed, 1)
+	m.PodsCreated(observe.CreateNew, Failed, 0)
 	m.JobSyncDuration.WithLabelValues("Indexed", ResultSuccess, ActionPodsCreated).Observe(0.01)
 	m.TerminatedPodsTrackingFinalizer.WithLabelValues(EventAdd).Inc()
 	want := []string{
@@ -172,7 +172,7 @@ func TestLeader(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
 	m.ManagedJobs.Set(3)
-	m.PodsCreated(jobsync.CreateNew, Succeeded, 2)
+	m.PodsCreated(observe.CreateNew, Succeeded, 2)
 	leading := []string{
 		"coroner_job_pods_creation_total{reason=new,status=succeeded} 2",
 		"coroner_leader{} 1",
@@ -207,6 +207,6 @@ func TestLeader(t *testing.T) {
 func TestNilMetrics(t *testing.T) {
 	var m *Metrics
 	m.SetLeader(true)
-	m.Record(jobsync.Observations{PodsFinished: map[string]int{"failed": 1}}, "NonIndexed", BackoffLimitGlobal)
-	m.PodsCreated(jobsync.CreateNew, Succeeded, 1)
+	m.Record(observe.Observations{PodsFinished: map[string]int{"failed": 1}}, "NonIndexed", BackoffLimitGlobal)
+	m.PodsCreated(observe.CreateNew, Succeeded, 1)
 }
