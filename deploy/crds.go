@@ -6,7 +6,7 @@ package deploy
 import _ "embed"
 
 // JobRecordCRD is base/jobrecord-crd.yaml: the CustomResourceDefinition of coroner-shim's
-// JobRecords (shim/record).
+// JobRecords (api/v1alpha1.JobRecord).
 //
 //go:embed base/jobrecord-crd.yaml
 var JobRecordCRD []byte
