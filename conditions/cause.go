@@ -42,8 +42,9 @@ const (
 // Cause is a pod's cause of death as coroner tells it, everywhere: coroner-shim's
 // decision Events, `coronerctl explain` and the agent's log render it (String), so that
 // they never describe one pod differently.
-// It is also what a record of the pod keeps (shim/record): the JSON form is part of
-// that record's format.
+// It is also what a record of the pod keeps (api/v1alpha1.Entry): the JSON form is part
+// of that record's format, and the JobRecord CRD's schema of it is checked against this
+// type with the rest of the record's (api/v1alpha1's TestCRDMatchesJobRecord).
 type Cause struct {
 	Class CauseClass `json:"class"`
 	// Condition is the condition the class comes from (empty for the exit, the pod's

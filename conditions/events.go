@@ -10,7 +10,7 @@ import (
 
 // Event messages coroner-shim writes on a Job about its pods, for people (kubectl
 // describe, kubectl events). Nothing reads them back: coronerctl explain reads the Job's
-// JobRecord (package shim/record).
+// JobRecord (package api/v1alpha1).
 //
 // PodFailurePolicy Events (one per decision about a failed pod):
 //

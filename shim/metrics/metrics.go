@@ -131,7 +131,7 @@ type Metrics struct {
 	JobMemoryGrowths *prometheus.CounterVec
 
 	// JobRecordWrites (coroner_job_record_writes_total) counts the shim's writes of
-	// JobRecords (package shim/record), by verb (create, patch, delete) and result
+	// JobRecords (package api/v1alpha1), by verb (create, patch, delete) and result
 	// (success, conflict, error); JobRecordBytes (coroner_job_record_bytes_total) the
 	// bytes of their request bodies by verb, and JobRecordEntries
 	// (coroner_job_record_entries_total) the pod entries recorded, by outcome

@@ -54,7 +54,7 @@ type annotationsAt struct {
 	path        *field.Path
 }
 
-// lintMemoryRetry checks coroner.dev/oom-memory-retry (package shim/memretry) on a Job (at
+// lintMemoryRetry checks coroner.dev/oom-memory-retry (package api/v1alpha1) on a Job (at
 // its metadata path): a value that does not parse is an error (the shim ignores it and
 // says so once); a max below a memory limit of the template is an error (no pod could
 // ever grow); on a Job not handed to coroner-shim it has no effect, a warning; a template

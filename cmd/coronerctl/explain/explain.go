@@ -115,7 +115,7 @@ func ParseTargets(args []string, allNamespaces bool) ([]Target, error) {
 }
 
 // Client is what explain reads: the Jobs and pods through Interface, coroner-shim's
-// JobRecords (package shim/record) through Dynamic. A nil Dynamic reads no records:
+// JobRecords (package api/v1alpha1) through Dynamic. A nil Dynamic reads no records:
 // reports then say that the pods that are gone are not told.
 type Client struct {
 	kubernetes.Interface

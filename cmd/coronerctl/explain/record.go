@@ -1,6 +1,6 @@
 package explain
 
-// What coroner-shim's JobRecord (package shim/record) says of a Job's pods: the pods that
+// What coroner-shim's JobRecord (package api/v1alpha1) says of a Job's pods: the pods that
 // are gone, told from their entries, and what the shim decided about those that remain.
 
 import (
