@@ -5,7 +5,7 @@
 // failed pod the podFailurePolicy rule that matches it (shim/policy.Match on the live pod,
 // as coroner-shim decides) and the consequence for the Job; then the Job's per-index
 // state. Pods that are gone are told from coroner-shim's record of the Job (a JobRecord,
-// package shim/record): the last state it recorded as each left, the rule that matched
+// package api/v1alpha1): the last state it recorded as each left, the rule that matched
 // and what it did, why the shim deleted it. explain reads no Events: they are for people,
 // and lossy.
 //
