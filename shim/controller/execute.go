@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 
 	"github.com/coroner-dev/coroner/api/v1alpha1"
@@ -60,7 +61,8 @@ var countedPatch = mustJSON(map[string]any{
 //  1. pod deletions, then creations (managePods);
 //  2. one status write (writeStatus);
 //  3. only now, the tracking finalizers of the pods the status accounts for, once the
-//     JobRecord holds their entries;
+//     JobRecord holds their entries, then a second status write that counts those whose
+//     removal succeeded (countRemoved);
 //  4. Events, metrics, the backoff, the next sync (afterWrites).
 func (c *Controller) execute(ctx context.Context, key string, job *batchv1.Job, plan jobsync.Plan) error {
 	rec := c.startRecordWrite(ctx, key, job, plan.Leaving)
@@ -71,21 +73,42 @@ func (c *Controller) execute(ctx context.Context, key string, job *batchv1.Job, 
 		}
 	}
 	manageErr := c.managePods(ctx, key, job, &plan)
+	written := job // the Job as the API server holds it after step 2
 	if plan.WriteStatus {
-		retry, err := c.writeStatus(ctx, key, job, plan.Status)
+		updated, retry, err := c.writeStatus(ctx, key, job, plan.Status)
 		if err != nil {
 			return errors.Join(manageErr, err)
 		}
 		if retry {
 			return manageErr
 		}
+		written = updated
 	}
 	finalizerErr := rec.settle()
+	var countErr error
 	if finalizerErr == nil {
-		finalizerErr = c.removeFinalizers(ctx, key, job, plan.RemoveFinalizer)
+		var removed sets.Set[types.UID]
+		removed, finalizerErr = c.removeFinalizers(ctx, key, job, plan.RemoveFinalizer)
+		countErr = c.countRemoved(ctx, key, written, removed)
 	}
 	c.afterWrites(ctx, key, job, plan)
-	return errors.Join(manageErr, finalizerErr)
+	return errors.Join(manageErr, finalizerErr, countErr)
+}
+
+// countRemoved counts the pods whose tracking finalizer removal succeeded (removed) in the
+// status of written, the Job as step 2 left it: step 3's second write (jobsync's order),
+// so that they are counted in this sync, not in the next one. A conflict leaves them to
+// the next sync, which counts them too.
+func (c *Controller) countRemoved(ctx context.Context, key string, written *batchv1.Job, removed sets.Set[types.UID]) error {
+	if removed.Len() == 0 || written.Status.UncountedTerminatedPods == nil {
+		return nil
+	}
+	status := written.Status.DeepCopy()
+	if !jobsync.CountRemoved(status, removed) {
+		return nil
+	}
+	_, _, err := c.writeStatus(ctx, key, written, *status)
+	return err
 }
 
 // managePods deletes, then creates, the pods of the plan, and corrects the planned status
@@ -116,25 +139,27 @@ func (c *Controller) managePods(ctx context.Context, key string, job *batchv1.Jo
 	return errors.Join(deleteErr, createErr)
 }
 
-// writeStatus writes status as the status of job (key). On a conflict it asks for the
-// Job to be synced again, and returns retry: the informer is behind, and the sync must
-// end there, its finalizers staying, as step 3 requires.
-func (c *Controller) writeStatus(ctx context.Context, key string, job *batchv1.Job, status batchv1.JobStatus) (retry bool, err error) {
+// writeStatus writes status as the status of job (key) and returns the Job the API server
+// answered. On a conflict it asks for the Job to be synced again, and returns retry: the
+// informer is behind, and the sync must end there, its finalizers staying, as step 3
+// requires.
+func (c *Controller) writeStatus(ctx context.Context, key string, job *batchv1.Job, status batchv1.JobStatus) (written *batchv1.Job, retry bool, err error) {
 	logger := klog.FromContext(ctx)
 	updated := job.DeepCopy()
 	updated.Status = status
-	if _, err := c.client.BatchV1().Jobs(job.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
+	written, err = c.client.BatchV1().Jobs(job.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{})
+	if err != nil {
 		if apierrors.IsConflict(err) {
 			// The update event of the newer Job re-queues it; the AddAfter is a backstop.
 			logger.V(2).Info("Conflict writing the Job status; will sync again", "resourceVersion", job.ResourceVersion)
 			c.queue.AddAfter(key, c.cfg.BatchPeriod)
-			return true, nil
+			return nil, true, nil
 		}
-		return false, fmt.Errorf("writing the status of Job %s: %w", key, err)
+		return nil, false, fmt.Errorf("writing the status of Job %s: %w", key, err)
 	}
 	c.state.statusWritten(key, job.ResourceVersion)
 	logger.V(4).Info("Wrote the Job status", "active", status.Active, "succeeded", status.Succeeded, "failed", status.Failed)
-	return false, nil
+	return written, false, nil
 }
 
 // afterWrites emits the plan's Events, records its metrics, keeps its backoff and
@@ -272,9 +297,10 @@ func (c *Controller) createPods(ctx context.Context, key string, job *batchv1.Jo
 // the pods that may leave the pod cache counted (countedPatch). Each removal is expected
 // before it is issued; a failed one is forgotten again, as no update will come. A pod
 // already gone is fine.
-func (c *Controller) removeFinalizers(ctx context.Context, key string, job *batchv1.Job, pods []*corev1.Pod) error {
+func (c *Controller) removeFinalizers(ctx context.Context, key string, job *batchv1.Job, pods []*corev1.Pod) (removed sets.Set[types.UID], _ error) {
+	removed = sets.New[types.UID]()
 	if len(pods) == 0 {
-		return nil
+		return removed, nil
 	}
 	logger := klog.FromContext(ctx)
 	uids := make([]types.UID, len(pods))
@@ -296,19 +322,21 @@ func (c *Controller) removeFinalizers(ctx context.Context, key string, job *batc
 			err := c.patchPod(ctx, p, patch)
 			if err == nil {
 				logger.V(4).Info("Removed the tracking finalizer", "pod", klog.KObj(p))
-				return
-			}
-			c.expectations.finalizerRemovalObserved(key, p.UID)
-			if apierrors.IsNotFound(err) {
-				return
+			} else {
+				c.expectations.finalizerRemovalObserved(key, p.UID)
 			}
 			mu.Lock()
-			errs = append(errs, fmt.Errorf("removing the tracking finalizer of pod %s: %w", klog.KObj(p), err))
-			mu.Unlock()
+			defer mu.Unlock()
+			switch {
+			case err == nil, apierrors.IsNotFound(err):
+				removed.Insert(p.UID)
+			default:
+				errs = append(errs, fmt.Errorf("removing the tracking finalizer of pod %s: %w", klog.KObj(p), err))
+			}
 		})
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	return removed, errors.Join(errs...)
 }
 
 // emit records the Events of a plan on the Job.

@@ -44,9 +44,6 @@ type jobExpectations struct {
 	deletions  sets.Set[types.UID]
 	at         time.Time // when creations and deletions were set
 	finalizers sets.Set[types.UID]
-	// countDue: no removal in finalizers was seen since the last ones were issued
-	// (firstRemovalSeen).
-	countDue bool
 	// strays maps the UIDs of the Job's pods that left the cache unexpectedly to when.
 	strays map[types.UID]time.Time
 }
@@ -160,24 +157,6 @@ func (e *expectations) expectFinalizersRemoved(key string, uids []types.UID) {
 		je.finalizers = sets.New[types.UID]()
 	}
 	je.finalizers.Insert(uids...)
-	je.countDue = true
-}
-
-// firstRemovalSeen reports whether the removal of uid, which the informer shows, is the
-// first of those in flight for key that it shows since the last ones were issued. Call it
-// before finalizerRemovalObserved. The sync that issued them is then over, or about to
-// end (the queue runs the next sync of key after it): a sync now counts every pod whose
-// removal succeeded, as jobsync treats the removals in flight as done
-// (Input.FinalizersBeingRemoved), without waiting for the informer to show the others.
-func (e *expectations) firstRemovalSeen(key string, uid types.UID) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	je := e.byKey[key]
-	if je == nil || !je.countDue || !je.finalizers.Has(uid) {
-		return false
-	}
-	je.countDue = false
-	return true
 }
 
 // finalizerRemovalObserved forgets uid for key (idempotent): the informer showed the pod

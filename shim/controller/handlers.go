@@ -7,7 +7,6 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -26,9 +25,9 @@ import (
 // do too (enqueueBatched), so that the pods the decision stops are deleted, and the
 // FailureTarget written, without waiting for the batching (the built-in controller
 // batches these events too; what it decides is the same). Two more syncs are not
-// batched: the one that counts the pods whose tracking finalizers a sync removed, at the
-// first and the last of those removals the informer shows (removalObserved), and one
-// that waited for the informer to show our status write (jobStates.caughtUp). Only Jobs
+// batched: the one that follows the last tracking finalizer removal of a sync the
+// informer shows, and one that waited for the informer to show our status write
+// (jobStates.caughtUp). Only Jobs
 // managed by Config.ManagedBy are enqueued. Pods whose Job is gone go to the orphan
 // queue; a pod with no controller at all also enqueues the managed Jobs whose selector
 // matches it, which may adopt it (claim.go).
@@ -197,7 +196,9 @@ func (c *Controller) updatePod(old, cur any) {
 		return
 	}
 	key := keyOf(job)
-	if finalizerGone && c.removalObserved(key, curPod.UID) {
+	if finalizerGone && c.expectations.finalizerRemovalObserved(key, curPod.UID) {
+		// The last finalizer removal of the previous sync is seen: what it leads to
+		// (the Job's end once no pod terminates, say) is decided now, not batched.
 		c.queue.Add(key)
 		return
 	}
@@ -244,25 +245,11 @@ func (c *Controller) podDeleted(pod *corev1.Pod, final bool) {
 	}
 	key := keyOf(job)
 	c.expectations.deletionObserved(key, pod.UID)
-	if (final || !hasTrackingFinalizer(pod)) && c.removalObserved(key, pod.UID) {
+	if (final || !hasTrackingFinalizer(pod)) && c.expectations.finalizerRemovalObserved(key, pod.UID) {
 		c.queue.Add(key) // as in updatePod: the uncounted pods can be counted now
 		return
 	}
 	c.enqueueBatched(key)
-}
-
-// removalObserved observes the tracking finalizer removal of the pod uid of the Job key,
-// and reports whether the Job is to be synced at once, without the batching delay, to
-// count the pods that the sync which removed their finalizers recorded in
-// uncountedTerminatedPods (the built-in controller counts them in that same sync, in a
-// second status write; the shim, writing status once per sync, in the next one): the
-// removal is the first of its sync's that the informer shows (that sync is over or about
-// to end, and the next one counts every removal that succeeded, see firstRemovalSeen), or
-// the last one in flight.
-func (c *Controller) removalObserved(key string, uid types.UID) bool {
-	first := c.expectations.firstRemovalSeen(key, uid)
-	last := c.expectations.finalizerRemovalObserved(key, uid)
-	return first || last
 }
 
 // jobOf resolves the Job controlling pod in the Job lister. It returns the Job when this

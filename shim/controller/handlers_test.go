@@ -391,29 +391,6 @@ func TestFailureDecisionSyncsAtOnce(t *testing.T) {
 	})
 }
 
-// TestFinalizerRemovalsSyncAtOnce: the pods whose tracking finalizers a sync removed are
-// counted by the next sync, which runs at once when the informer shows the first of those
-// removals (jobsync counts every removal in flight as done) and again at the last; the
-// removals in between are batched.
-func TestFinalizerRemovalsSyncAtOnce(t *testing.T) {
-	job := newJob("j")
-	key := testNS + "/j"
-	p1, p2, p3 := newPod("p1", job, corev1.PodFailed), newPod("p2", job, corev1.PodFailed), newPod("p3", job, corev1.PodRunning)
-	f := newFixture(t)
-	f.inCache(t, job)
-	f.c.expectations.expectFinalizersRemoved(key, []types.UID{p1.UID, p2.UID, p3.UID})
-	f.c.updatePod(p2, withoutFinalizer(p2))                   // the first: at once
-	f.c.updatePod(p1, withoutFinalizer(p1))                   // batched
-	f.c.deletePod(withoutFinalizer(beingDeleted(p3)))         // the last: at once
-	f.c.updatePod(p1, withoutFinalizer(withoutFinalizer(p1))) // nothing in flight: batched
-	f.c.expectations.expectFinalizersRemoved(key, []types.UID{p1.UID})
-	f.c.updatePod(p1, withoutFinalizer(p1)) // first and last
-	want := []queued{{Key: key}, {Key: key, After: batchPeriod}, {Key: key}, {Key: key, After: batchPeriod}, {Key: key}}
-	if diff := cmp.Diff(want, f.queue.Calls()); diff != "" {
-		t.Errorf("Job queue (-want +got):\n%s", diff)
-	}
-}
-
 // TestStaleCacheSyncRunsOnCatchUp: a sync skipped because the informer did not show the
 // status written by the previous sync is carried out as soon as the Job's update event
 // shows it, not after the batch period; other status updates stay batched.

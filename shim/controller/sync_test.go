@@ -119,8 +119,9 @@ func fullPlan(job *batchv1.Job, excess, done *corev1.Pod) jobsync.Plan {
 }
 
 // TestSyncOrder checks that the controller carries out a Plan in jobsync's order:
-// deletions (finalizer first), creations, the one status write, and only then the
-// finalizer removals; Events, the backoff record and the re-queue come last.
+// deletions (finalizer first), creations, the plan's status write, and only then the
+// finalizer removals, followed by the write that counts the pods whose finalizer went;
+// Events, the backoff record and the re-queue come last.
 func TestSyncOrder(t *testing.T) {
 	job := newJob("j")
 	excess := newPod("excess", job, corev1.PodRunning)
@@ -146,9 +147,20 @@ func TestSyncOrder(t *testing.T) {
 		"create pods new",
 		"update jobs/status j",
 		"patch pods done",
+		"update jobs/status j",
 	}
 	if diff := cmp.Diff(want, writes()); diff != "" {
 		t.Errorf("API writes (-want +got):\n%s", diff)
+	}
+	var statuses []batchv1.JobStatus
+	for _, a := range f.client.Actions() {
+		if u, ok := a.(clienttesting.UpdateAction); ok && a.GetSubresource() == "status" {
+			statuses = append(statuses, u.GetObject().(*batchv1.Job).Status)
+		}
+	}
+	if len(statuses) != 2 || statuses[0].UncountedTerminatedPods == nil ||
+		!slices.Equal(statuses[0].UncountedTerminatedPods.Succeeded, []types.UID{done.UID}) || statuses[0].Succeeded != 0 {
+		t.Errorf("status writes = %+v, want first the plan's (the done pod uncounted)", statuses)
 	}
 	wantEvents := []string{
 		"Normal SuccessfulDelete Deleted pod: excess (excess pod); phase Running; container main waiting (CrashLoopBackOff), last exited 1 (Error) at 2026-03-01T11:58:00Z, 3 restarts",
@@ -169,8 +181,9 @@ func TestSyncOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if written.Status.Active != 1 || written.Status.UncountedTerminatedPods == nil || len(written.Status.UncountedTerminatedPods.Succeeded) != 1 {
-		t.Errorf("written status = %+v, want the plan's", written.Status)
+	if written.Status.Active != 1 || written.Status.Succeeded != 1 || written.Status.UncountedTerminatedPods == nil ||
+		len(written.Status.UncountedTerminatedPods.Succeeded) != 0 {
+		t.Errorf("written status = %+v, want the plan's with the done pod counted", written.Status)
 	}
 	if got, _ := f.c.state.retries(job); got.Failures != 2 {
 		t.Errorf("backoff record = %+v, want the plan's", got)
@@ -188,6 +201,59 @@ func TestSyncOrder(t *testing.T) {
 	f.c.syncJob = func(jobsync.Input) jobsync.Plan { t.Errorf("synced from a stale cache"); return jobsync.Plan{} }
 	if err := f.c.sync(context.Background(), testNS+"/j"); err != nil {
 		t.Fatalf("second sync: %v", err)
+	}
+}
+
+// TestCountOnlyRemovedFinalizers: the write after the finalizer removals counts the pods
+// whose removal succeeded (or found the pod gone), and leaves the one whose removal failed
+// in uncountedTerminatedPods for a later sync; with none removed there is no second write.
+func TestCountOnlyRemovedFinalizers(t *testing.T) {
+	for _, allFail := range []bool{false, true} {
+		t.Run(fmt.Sprintf("all removals fail %v", allFail), func(t *testing.T) {
+			job := newJob("j")
+			ok := newPod("ok", job, corev1.PodFailed)
+			bad := newPod("bad", job, corev1.PodFailed)
+			gone := newPod("gone", job, corev1.PodSucceeded)
+			f := newFixture(t, job, ok, bad) // "gone" is not in the API server: its patch finds nothing
+			f.inCache(t, job, ok, bad, gone)
+			f.client.PrependReactor("patch", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				if name := a.(clienttesting.PatchAction).GetName(); name == "bad" || allFail {
+					return true, nil, apierrors.NewInternalError(errors.New("etcd is away"))
+				}
+				return false, nil, nil
+			})
+			writes := recordWrites(f)
+			status := *job.Status.DeepCopy()
+			status.UncountedTerminatedPods = &batchv1.UncountedTerminatedPods{
+				Succeeded: []types.UID{gone.UID}, Failed: []types.UID{ok.UID, bad.UID}}
+			f.c.syncJob = planFor(t, job, jobsync.Plan{WriteStatus: true, Status: status, RemoveFinalizer: []*corev1.Pod{ok, bad, gone}})
+			err := f.c.sync(context.Background(), testNS+"/j")
+			if err == nil || !strings.Contains(err.Error(), "etcd is away") {
+				t.Errorf("sync returned %v, want the failed removal's error", err)
+			}
+			written, gerr := f.client.BatchV1().Jobs(testNS).Get(context.Background(), "j", metav1.GetOptions{})
+			if gerr != nil {
+				t.Fatal(gerr)
+			}
+			want := batchv1.JobStatus{Succeeded: 1, Failed: 1, UncountedTerminatedPods: &batchv1.UncountedTerminatedPods{Succeeded: []types.UID{}, Failed: []types.UID{bad.UID}}}
+			wantWrites := 2
+			if allFail {
+				want = status
+				wantWrites = 1
+			}
+			if diff := cmp.Diff(want, written.Status); diff != "" {
+				t.Errorf("status (-want +got):\n%s", diff)
+			}
+			var updates int
+			for _, w := range writes() {
+				if w == "update jobs/status j" {
+					updates++
+				}
+			}
+			if updates != wantWrites {
+				t.Errorf("%d status writes, want %d: %q", updates, wantWrites, writes())
+			}
+		})
 	}
 }
 
@@ -251,10 +317,10 @@ func TestRemoveFinalizersLabelsCounted(t *testing.T) {
 	f := newFixture(t, job, grows, succeeded, failed, stopping, oom, oomDone)
 	writes := recordWrites(f)
 	ctx := context.Background()
-	if err := f.c.removeFinalizers(ctx, testNS+"/j", job, []*corev1.Pod{succeeded, failed, stopping}); err != nil {
+	if _, err := f.c.removeFinalizers(ctx, testNS+"/j", job, []*corev1.Pod{succeeded, failed, stopping}); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.c.removeFinalizers(ctx, testNS+"/grows", grows, []*corev1.Pod{oom, oomDone}); err != nil {
+	if _, err := f.c.removeFinalizers(ctx, testNS+"/grows", grows, []*corev1.Pod{oom, oomDone}); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(writes()); n != 5 {
@@ -626,7 +692,7 @@ func TestPodPatchesThroughMetadata(t *testing.T) {
 		return true, &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: p.GetName(), Namespace: p.GetNamespace()}}, nil
 	})
 	f.c.cfg.PodMetadata = meta
-	if err := f.c.removeFinalizers(context.Background(), testNS+"/j", job, []*corev1.Pod{succeeded, stopping}); err != nil {
+	if _, err := f.c.removeFinalizers(context.Background(), testNS+"/j", job, []*corev1.Pod{succeeded, stopping}); err != nil {
 		t.Fatal(err)
 	}
 	if w := typed(); len(w) != 0 {

@@ -13,15 +13,18 @@
 //  3. Only after that write succeeded, remove the tracking finalizer from
 //     Plan.RemoveFinalizer. Every finished pod whose failure or success counts is first
 //     recorded in status.uncountedTerminatedPods by step 2, so a crash between 2 and 3
-//     loses nothing; a later sync moves the UIDs of pods whose finalizer is gone from
-//     uncountedTerminatedPods to the succeeded/failed counters (and completedIndexes).
+//     loses nothing. Then the pods whose finalizer removal succeeded are counted: their
+//     UIDs move from uncountedTerminatedPods to the succeeded/failed counters
+//     (CountRemoved) in a second status write, as the built-in controller counts them in
+//     the sync that removed their finalizers. Should that write fail, a later sync counts
+//     them (Sync moves the UIDs of pods whose finalizer is gone).
 //  4. Emit Plan.Events and record Plan.Observations, keep Plan.Record as the Job's new
 //     backoff record, and re-queue after Plan.RequeueAfter when it is positive.
 //
-// Unlike the built-in controller, which may write the status two or three times in one
-// sync, coroner writes it at most once per sync; counting a pod therefore takes one more
-// sync (triggered by the pod update that removed its finalizer). The observable results
-// (counters, conditions and their order, failedIndexes, completedIndexes) are the same.
+// Plan.Status is all a sync decides; the write of step 3 only counts what step 2 recorded,
+// and the Job's end (its Complete or Failed condition) is left to the next sync. The
+// observable results (counters, conditions and their order, failedIndexes,
+// completedIndexes) are the built-in controller's.
 //
 // Files, by concern: sync.go (Sync: one pass in order), pods.go (pod predicates, removal order,
 // new pods), verdict.go (waiting for the agent's OOM verdict), finish.go (the

@@ -247,3 +247,29 @@ func LeavesCache(job *batchv1.Job, pod *corev1.Pod) bool {
 		return false
 	}
 }
+
+// CountRemoved counts the pods of status.uncountedTerminatedPods whose tracking finalizer
+// is gone (removed: the removals that succeeded, or found the pod gone): their UIDs move
+// from uncountedTerminatedPods.succeeded and .failed to status.succeeded and
+// status.failed. It reports whether status changed. Nothing else is decided: a pod
+// recorded there was already judged by the sync that recorded it (its index in
+// completedIndexes or failedIndexes, its Events and its JobRecord entry).
+func CountRemoved(status *batchv1.JobStatus, removed sets.Set[types.UID]) bool {
+	u := status.UncountedTerminatedPods
+	if u == nil || removed.Len() == 0 {
+		return false
+	}
+	count := func(uids []types.UID) ([]types.UID, int32) {
+		kept := slices.DeleteFunc(slices.Clone(uids), removed.Has)
+		return kept, int32(len(uids) - len(kept))
+	}
+	succeeded, s := count(u.Succeeded)
+	failed, f := count(u.Failed)
+	if s == 0 && f == 0 {
+		return false
+	}
+	u.Succeeded, u.Failed = succeeded, failed
+	status.Succeeded += s
+	status.Failed += f
+	return true
+}
