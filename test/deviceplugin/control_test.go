@@ -1,0 +1,92 @@
+package deviceplugin
+
+// control_test.go: the control API, from its client through the plugin to the kubelet's
+// ListAndWatch stream.
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+func TestControlRoundTrip(t *testing.T) {
+	p, _ := startRegistered(t, 2)
+	socket := filepath.Join(tempDir(t), "control.sock")
+	l, err := ListenControl(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- ServeControl(ctx, l, p) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-served:
+			if err != nil {
+				t.Errorf("ServeControl: %v", err)
+			}
+		case <-time.After(testTimeout):
+			t.Errorf("ServeControl did not return within %v of its context's end", testTimeout)
+		}
+	})
+	c := NewControlClient(socket)
+	t.Cleanup(c.Close)
+	stream, err := dialPlugin(t, p).ListAndWatch(testContext(t), &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv := func(step string, want ...string) {
+		t.Helper()
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if diff := cmp.Diff(want, healths(resp.Devices)); diff != "" {
+			t.Errorf("%s: the kubelet's list (-want +got):\n%s", step, diff)
+		}
+	}
+	recv("first list", "gpu-0=Healthy", "gpu-1=Healthy")
+
+	devices, err := c.List(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]Device{
+		{ID: "gpu-0", Health: "Healthy", PCI: "0000:10:00.0"},
+		{ID: "gpu-1", Health: "Healthy", PCI: "0000:11:00.0"},
+	}, devices); diff != "" {
+		t.Errorf("List (-want +got):\n%s", diff)
+	}
+
+	d, err := c.Fail(testContext(t), "gpu-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Device{ID: "gpu-1", Health: "Unhealthy", PCI: "0000:11:00.0"}); d != want {
+		t.Errorf("Fail: %+v, want %+v", d, want)
+	}
+	recv("after Fail", "gpu-0=Healthy", "gpu-1=Unhealthy")
+
+	if d, err = c.Heal(testContext(t), "gpu-1"); err != nil {
+		t.Fatal(err)
+	}
+	if d.Health != "Healthy" {
+		t.Errorf("Heal: %+v, want Healthy", d)
+	}
+	recv("after Heal", "gpu-0=Healthy", "gpu-1=Healthy")
+
+	for _, id := range []string{"gpu-7", "", "../devices"} {
+		if _, err := c.Fail(testContext(t), id); err == nil {
+			t.Errorf("Fail(%q): no error", id)
+		}
+	}
+	if _, err := c.Fail(testContext(t), "gpu-7"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("Fail of an unknown device: %v, want a 404", err)
+	}
+}
