@@ -19,6 +19,14 @@
 // comma-separated) and CORONER_TEST_GPU_PCI (their fake PCI addresses in the same order, the
 // form an NVIDIA Xid kernel line names a GPU by), so a test can tell which device a pod holds.
 //
+// The kubelet's device manager listens at the fixed path
+// /var/lib/kubelet/device-plugins/kubelet.sock (pluginapi.KubeletSocket; no flag or config
+// field moves it in 1.36) and deletes every socket in that directory when it starts. Several
+// kubelets on one machine (the lab's process nodes) therefore each need their own view of the
+// directory: a mount namespace per node with its own directory bind-mounted there, holding
+// that node's containerd, kubelet and plugin alike (the kubelet's volume mounts must be seen
+// by its containerd).
+//
 // The command cmd/coroner-test-gpu runs a Plugin with its control API. This package is test
 // code: no product binary imports it (coroner-lab may, as it links the lab's code).
 package deviceplugin

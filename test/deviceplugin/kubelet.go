@@ -99,6 +99,7 @@ type runner struct {
 	inode  uint64        // of the socket file server listens on
 
 	wantRegister bool
+	waiting      bool        // for kubelet.sock to appear, said once in the log
 	retry        *time.Timer // set while waiting to retry a failed registration
 	backoff      time.Duration
 }
@@ -184,9 +185,13 @@ func (r *runner) stop() {
 // retry.
 func (r *runner) tryRegister(ctx context.Context) {
 	if _, err := os.Stat(r.p.KubeletSocketPath()); errors.Is(err, os.ErrNotExist) {
-		r.logger.Info("Waiting for the kubelet's socket", "socket", r.p.KubeletSocketPath())
+		if !r.waiting {
+			r.logger.Info("Waiting for the kubelet's socket", "socket", r.p.KubeletSocketPath())
+		}
+		r.waiting = true
 		return // its creation is an event
 	}
+	r.waiting = false
 	if err := r.p.register(ctx); err != nil {
 		if ctx.Err() != nil {
 			return

@@ -4,7 +4,6 @@ package deviceplugin
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strings"
 
@@ -77,8 +76,7 @@ func (s *service) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*
 	resp := &pluginapi.AllocateResponse{}
 	for _, c := range req.ContainerRequests {
 		devices, err := s.p.lookup(c.DevicesIds)
-		var unknown *UnknownDeviceError
-		if errors.As(err, &unknown) {
+		if err != nil {
 			return nil, status.Error(codes.NotFound, err.Error())
 		}
 		ids := make([]string, 0, len(devices))

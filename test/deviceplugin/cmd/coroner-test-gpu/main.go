@@ -10,6 +10,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -65,9 +66,11 @@ func main() {
 	klog.InitFlags(gofs)
 	fs.AddGoFlag(gofs.Lookup("v"))
 	fs.SortFlags = false
-	fs.Usage = func() { fmt.Fprintf(os.Stderr, "%s\n\nFlags:\n%s", summary, fs.FlagUsages()) }
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
+			fmt.Printf("%s\n\nFlags:\n%s", summary, fs.FlagUsages())
 			os.Exit(0)
 		}
 		fail(2, err)
