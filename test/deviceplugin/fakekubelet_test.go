@@ -27,18 +27,26 @@ const testTimeout = 10 * time.Second
 // starts, and on Register it connects back to the plugin's endpoint and asks for its options
 // before it answers. The plugin under test is the real one.
 type fakeKubelet struct {
-	pluginapi.UnimplementedRegistrationServer
 	dir        string
 	registered chan registration
 
 	mu     sync.Mutex
 	refuse int // how many Register calls to refuse before accepting
+	gen    int // how many times it started: its restarts tell apart
 	server *grpc.Server
 	served chan struct{}
 }
 
+// registrar is the Registration service of one start of the fake kubelet.
+type registrar struct {
+	pluginapi.UnimplementedRegistrationServer
+	k   *fakeKubelet
+	gen int
+}
+
 // registration is one Register call the fake kubelet got.
 type registration struct {
+	gen     int // the fake kubelet's start that got it
 	req     *pluginapi.RegisterRequest
 	options *pluginapi.DevicePluginOptions // from the plugin, asked back
 	err     error                          // what the fake kubelet answered
@@ -76,8 +84,9 @@ func (k *fakeKubelet) start(t *testing.T, cleanup bool) {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.gen++
 	k.server = grpc.NewServer()
-	pluginapi.RegisterRegistrationServer(k.server, k)
+	pluginapi.RegisterRegistrationServer(k.server, &registrar{k: k, gen: k.gen})
 	k.served = make(chan struct{})
 	go func(s *grpc.Server, served chan struct{}) {
 		defer close(served)
@@ -103,8 +112,9 @@ func (k *fakeKubelet) restart(t *testing.T) {
 	k.start(t, true)
 }
 
-func (k *fakeKubelet) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
-	r := registration{req: req}
+func (g *registrar) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	k := g.k
+	r := registration{gen: g.gen, req: req}
 	k.mu.Lock()
 	refuse := k.refuse > 0
 	if refuse {
@@ -140,6 +150,25 @@ func (k *fakeKubelet) nextRegistration(t *testing.T) registration {
 	case <-time.After(testTimeout):
 		t.Fatalf("no Register call within %v", testTimeout)
 		return registration{}
+	}
+}
+
+// registeredWithCurrent waits for a successful Register call to the fake kubelet's latest
+// start; calls to an earlier start, which a restart can cut, are logged and skipped.
+func (k *fakeKubelet) registeredWithCurrent(t *testing.T) registration {
+	t.Helper()
+	k.mu.Lock()
+	current := k.gen
+	k.mu.Unlock()
+	for {
+		r := k.nextRegistration(t)
+		if r.gen == current && r.err == nil {
+			return r
+		}
+		if r.gen == current {
+			t.Fatalf("Register with the current kubelet: %v", r.err)
+		}
+		t.Logf("Register with an earlier start of the kubelet (%d; now %d): %v", r.gen, current, r.err)
 	}
 }
 

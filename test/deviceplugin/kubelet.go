@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/utils/clock"
 )
 
 // Run serves the plugin on SocketPath and registers it with the kubelet at
@@ -52,7 +53,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		}
 		var retry <-chan time.Time
 		if r.retry != nil {
-			retry = r.retry.C
+			retry = r.retry.C()
 		}
 		select {
 		case <-ctx.Done():
@@ -100,7 +101,7 @@ type runner struct {
 
 	wantRegister bool
 	waiting      bool        // for kubelet.sock to appear, said once in the log
-	retry        *time.Timer // set while waiting to retry a failed registration
+	retry        clock.Timer // set while waiting to retry a failed registration
 	backoff      time.Duration
 }
 
@@ -198,7 +199,10 @@ func (r *runner) tryRegister(ctx context.Context) {
 		}
 		r.backoff = min(max(2*r.backoff, time.Second), r.p.opts.RetryMax)
 		r.logger.Error(err, "Registering with the kubelet failed", "retryIn", r.backoff)
-		r.retry = time.NewTimer(r.backoff)
+		r.retry = r.p.clock.NewTimer(r.backoff)
+		if r.p.onRetry != nil {
+			r.p.onRetry(r.backoff)
+		}
 		return
 	}
 	r.wantRegister = false

@@ -6,11 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/testing/protocmp"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 func TestRegisters(t *testing.T) {
@@ -24,6 +26,7 @@ func TestRegisters(t *testing.T) {
 		t.Fatalf("Register: %v", r.err)
 	}
 	want := registration{
+		gen: 1,
 		req: &pluginapi.RegisterRequest{
 			Version:      "v1beta1",
 			Endpoint:     "coroner-test-gpu.sock",
@@ -57,20 +60,39 @@ func TestWaitsForTheKubelet(t *testing.T) {
 	}
 }
 
-// TestRetriesARefusedRegistration: the kubelet refuses the first Register; the plugin tries
-// again after a second.
+// TestRetriesARefusedRegistration: the kubelet refuses Register three times; the plugin
+// tries again after 1 s, 2 s, then RetryMax (3 s here), on a fake clock.
 func TestRetriesARefusedRegistration(t *testing.T) {
 	dir := tempDir(t)
 	k := startFakeKubelet(t, dir)
-	k.refuse = 1
-	p := newPlugin(t, dir, 1)
+	k.refuse = 3
+	opts := NewOptions()
+	opts.Dir, opts.Devices, opts.RetryMax = dir, 1, 3*time.Second
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := clocktesting.NewFakeClock(time.Now())
+	retries := make(chan time.Duration, 4)
+	p.clock, p.onRetry = fc, func(d time.Duration) { retries <- d }
 	runPlugin(t, p)
 
-	if r := k.nextRegistration(t); r.err == nil {
-		t.Fatal("first Register: the fake kubelet should have refused it")
+	for i, want := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second} {
+		if r := k.nextRegistration(t); r.err == nil {
+			t.Fatalf("Register %d: the fake kubelet should have refused it", i+1)
+		}
+		select {
+		case got := <-retries:
+			if got != want {
+				t.Errorf("wait before retry %d: %v, want %v", i+1, got, want)
+			}
+			fc.Step(got)
+		case <-time.After(testTimeout):
+			t.Fatalf("no retry scheduled within %v after refusal %d", testTimeout, i+1)
+		}
 	}
 	if r := k.nextRegistration(t); r.err != nil {
-		t.Fatalf("second Register: %v", r.err)
+		t.Fatalf("Register after the refusals: %v", r.err)
 	}
 }
 
@@ -114,11 +136,9 @@ func TestRegistersAgain(t *testing.T) {
 			tc.change(t, k, p)
 
 			// The plugin may register more than once for one change (it may see its socket
-			// deleted before kubelet.sock created); each must succeed, and the last one
-			// leaves it served.
-			if r := k.nextRegistration(t); r.err != nil {
-				t.Fatalf("Register after the change: %v", r.err)
-			}
+			// deleted before kubelet.sock created); it must end registered with the kubelet
+			// now listening, and served.
+			k.registeredWithCurrent(t)
 			stream, err := dialPlugin(t, p).ListAndWatch(testContext(t), &pluginapi.Empty{})
 			if err != nil {
 				t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/utils/clock"
 )
 
 const (
@@ -99,7 +100,11 @@ func PCIAddress(i int) string { return fmt.Sprintf("0000:%02x:00.0", 0x10+i) }
 // Plugin is a device plugin with a fixed set of devices whose health SetHealth changes.
 // Run serves it to the kubelet.
 type Plugin struct {
-	opts Options
+	opts  Options
+	clock clock.Clock // times the retries of a failed registration
+	// onRetry, when set (by tests), is called with each wait before a retry, once its
+	// timer is made.
+	onRetry func(time.Duration)
 
 	mu      sync.Mutex
 	devices []Device // in ID order, fixed at New but for Health
@@ -113,7 +118,7 @@ func New(opts Options) (*Plugin, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	p := &Plugin{opts: opts, changed: make(chan struct{})}
+	p := &Plugin{opts: opts, clock: clock.RealClock{}, changed: make(chan struct{})}
 	for i := range opts.Devices {
 		p.devices = append(p.devices, Device{ID: DeviceID(i), Health: pluginapi.Healthy, PCI: PCIAddress(i)})
 	}
