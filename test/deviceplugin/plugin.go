@@ -125,9 +125,6 @@ func New(opts Options) (*Plugin, error) {
 	return p, nil
 }
 
-// Options returns the options p was made with.
-func (p *Plugin) Options() Options { return p.opts }
-
 // SocketPath is the plugin's socket: the kubelet connects to it.
 func (p *Plugin) SocketPath() string { return filepath.Join(p.opts.Dir, p.opts.SocketName) }
 
