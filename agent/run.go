@@ -1,5 +1,8 @@
 package agent
 
+// The process: the flags of cmd/coroner-agent into a Config, the API server check, the
+// metrics and probes server, and a running Agent until the context ends.
+
 import (
 	"context"
 	"errors"

@@ -1,8 +1,7 @@
 // Package nvidia reads what NVIDIA's kernel driver says about its GPUs: the
 // Xid reports it writes to the kernel log, and the per-GPU information files
 // it serves under /proc/driver/nvidia/gpus. It is the groundwork for a device
-// verdict (issue 37, point 2): a container that died because the GPU
-// allocated to it failed.
+// verdict: a container that died because the GPU allocated to it failed.
 //
 // The chain from a kernel log record to a pod's device is:
 //

@@ -1,9 +1,10 @@
 package jobsync
 
-// Retry with more memory (issue 22, package shim/memretry): a pod of a Job annotated
-// coroner.dev/oom-memory-retry that coroner-agent stamped coroner.dev/OOMKilled (its own
-// limit) is not counted and not judged by the pod failure policy while its limit can grow;
-// its replacement gets the grown limit.
+// Retry with more memory (docs/choices.md; the growth is shim/memretry's, the annotations'
+// format api/v1alpha1's): a pod of a Job annotated coroner.dev/oom-memory-retry that
+// coroner-agent stamped coroner.dev/OOMKilled (its own limit) is not counted and not
+// judged by the pod failure policy while its limit can grow; its replacement gets the
+// grown limit.
 
 import (
 	"fmt"

@@ -28,7 +28,7 @@ import (
 // exits, LimitOOM for the OOM kills. A LimitOOM stamp written from containerd's OOM
 // event counts from that event's time, a little before the container's finishedAt, and
 // has its stages only when the agent knew when its watcher had that event (see
-// agent/process.go): the stages' n may be below the total's.
+// agent/stamps.go): the stages' n may be below the total's.
 
 // The agent's latency histograms, with the label kind.
 const (
