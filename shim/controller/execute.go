@@ -170,7 +170,7 @@ func (c *Controller) afterWrites(ctx context.Context, key string, job *batchv1.J
 	if plan.Observations.JobFinished != nil {
 		c.jobRecords.forget(key) // read again should a pod be left over
 	}
-	c.state.setRetries(job, plan.Record)
+	c.state.setRetries(job, plan.Retries)
 	if plan.RequeueAfter > 0 {
 		klog.FromContext(ctx).V(4).Info("Syncing the Job again later", "after", plan.RequeueAfter)
 		c.queue.AddAfter(key, plan.RequeueAfter)

@@ -28,7 +28,7 @@ import (
 //     counted "delete" exactly once; under a Job's key they could not be.
 type jobState struct {
 	// retries is the global backoff of the Job with UID retriesOf (a Job recreated under
-	// the same name starts with none): what the last sync's plan left (jobsync.Plan.Record).
+	// the same name starts with none): what the last sync's plan left (jobsync.Plan.Retries).
 	retries   backoff.Record
 	retriesOf types.UID
 	// statusWrittenOver is the resourceVersion that our last status write replaced: while

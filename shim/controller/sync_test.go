@@ -111,7 +111,7 @@ func fullPlan(job *batchv1.Job, excess, done *corev1.Pod) jobsync.Plan {
 		Delete:          []jobsync.PodDelete{{Pod: excess, RemoveFinalizerFirst: true, Reason: "excess pod"}},
 		Create:          []jobsync.PodCreate{{Pod: newPlanPod(job, "new"), Reason: observe.CreateNew}},
 		RemoveFinalizer: []*corev1.Pod{done},
-		Record:          backoff.Record{Failures: 2, LastFailure: time.Date(2026, 3, 1, 11, 59, 0, 0, time.UTC)},
+		Retries:         backoff.Record{Failures: 2, LastFailure: time.Date(2026, 3, 1, 11, 59, 0, 0, time.UTC)},
 		RequeueAfter:    7 * time.Second,
 		Events:          []jobsync.Event{{Type: corev1.EventTypeNormal, Reason: "Decided", Message: "because"}},
 		Observations:    observe.Observations{PodsFinished: map[string]int{"succeeded": 1}},
@@ -603,7 +603,7 @@ func TestSyncInput(t *testing.T) {
 	if diff := cmp.Diff([]string{"mine"}, names); diff != "" {
 		t.Errorf("pods (-want +got):\n%s", diff)
 	}
-	if got.Record.Failures != 3 || !got.Now.Equal(f.clock.Now()) || got.ExpectationsSatisfied || !got.FinalizersBeingRemoved.Has("x") || got.Backoff != backoff.Default {
+	if got.Retries.Failures != 3 || !got.Now.Equal(f.clock.Now()) || got.ExpectationsSatisfied || !got.FinalizersBeingRemoved.Has("x") || got.Backoff != backoff.Default {
 		t.Errorf("input = %+v", got)
 	}
 	// A plan with a zero record drops the Job's record.

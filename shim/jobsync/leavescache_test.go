@@ -148,7 +148,7 @@ type syncSummary struct {
 	Finalizer []string
 	Leaving   []string
 	Requeue   time.Duration
-	Record    backoff.Record
+	Retries   backoff.Record
 }
 
 // playJob syncs j until it finishes (at most 80 syncs, 20 s apart), carrying out each plan
@@ -177,15 +177,15 @@ func playJob(t *testing.T, j *batchv1.Job, exit func(ix, n, ran int) int32, drop
 				in = append(in, p)
 			}
 		}
-		plan := Sync(Input{Job: j, Pods: in, Now: at, Backoff: backoff.Default, Record: record,
+		plan := Sync(Input{Job: j, Pods: in, Now: at, Backoff: backoff.Default, Retries: record,
 			ExpectationsSatisfied: round%3 != 2, FinalizersBeingRemoved: sets.New[types.UID]()})
 		if plan.Skip != "" {
 			t.Fatalf("sync %d skipped: %s", round, plan.Skip)
 		}
-		s := syncSummary{Status: plan.Status, Requeue: plan.RequeueAfter, Record: plan.Record}
+		s := syncSummary{Status: plan.Status, Requeue: plan.RequeueAfter, Retries: plan.Retries}
 		j = j.DeepCopy()
 		j.Status = *plan.Status.DeepCopy()
-		record = plan.Record
+		record = plan.Retries
 		for _, d := range plan.Delete {
 			s.Deletes = append(s.Deletes, d.Pod.Name)
 			for i, q := range pods {

@@ -88,7 +88,7 @@ func (s *state) manage() int32 {
 		return active
 	}
 	if !s.perIndex {
-		if remaining := s.plan.Record.Remaining(s.in.Now, s.in.Backoff); remaining > 0 {
+		if remaining := s.plan.Retries.Remaining(s.in.Now, s.in.Backoff); remaining > 0 {
 			s.requeueAfter(remaining)
 			return active
 		}

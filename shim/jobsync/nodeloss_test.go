@@ -62,8 +62,8 @@ func TestNodeLossDoesNotDelay(t *testing.T) {
 			if !tc.replaced && plan.RequeueAfter < 7*time.Second {
 				t.Errorf("requeue after %v, want the 10 s delay less the 2 s since the failure", plan.RequeueAfter)
 			}
-			if plan.Record.Failures != tc.failures {
-				t.Errorf("backoff record %+v, want %d failures", plan.Record, tc.failures)
+			if plan.Retries.Failures != tc.failures {
+				t.Errorf("backoff record %+v, want %d failures", plan.Retries, tc.failures)
 			}
 			if got := len(plan.Status.UncountedTerminatedPods.Failed); got != tc.uncounted {
 				t.Errorf("%d failed pods counted, want %d", got, tc.uncounted)

@@ -18,7 +18,7 @@
 //     (CountRemoved) in a second status write, as the built-in controller counts them in
 //     the sync that removed their finalizers. Should that write fail, a later sync counts
 //     them (Sync moves the UIDs of pods whose finalizer is gone).
-//  4. Emit Plan.Events and record Plan.Observations, keep Plan.Record as the Job's new
+//  4. Emit Plan.Events and record Plan.Observations, keep Plan.Retries as the Job's new
 //     backoff record, and re-queue after Plan.RequeueAfter when it is positive.
 //
 // Plan.Status is all a sync decides; the write of step 3 only counts what step 2 recorded,
@@ -59,8 +59,8 @@ type Input struct {
 	Now time.Time
 	// Backoff is the replacement delay policy (default backoff.Default).
 	Backoff backoff.Policy
-	// Record is the Job's global backoff record from the previous sync (zero at first).
-	Record backoff.Record
+	// Retries is the Job's global backoff record from the previous sync (zero at first).
+	Retries backoff.Record
 	// ExpectationsSatisfied is false while pod creations or deletions issued by an
 	// earlier sync have not been observed in Pods yet; Sync then creates and deletes
 	// nothing and declares nothing finished, as the informer may be behind.
@@ -107,8 +107,8 @@ type Plan struct {
 	// point of view) before its story is stored.
 	Leaving []v1alpha1.Entry
 
-	// Record is the Job's new global backoff record; keep it after the status write.
-	Record backoff.Record
+	// Retries is the Job's new global backoff record; keep it after the status write.
+	Retries backoff.Record
 	// RequeueAfter, when positive, asks for another sync after that long (pending
 	// backoff, activeDeadlineSeconds, per-index backoff); never below backoff.MinRequeue.
 	RequeueAfter time.Duration

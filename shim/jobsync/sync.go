@@ -128,7 +128,7 @@ func Sync(in Input) Plan {
 	if s.status.StartTime == nil && !suspended(job) {
 		s.status.StartTime = ptr.To(s.now)
 	}
-	s.plan.Record = in.Record.Fold(newSucceeded, backoff.Delaying(newFailed)) // pods lost with their node do not delay
+	s.plan.Retries = in.Retries.Fold(newSucceeded, backoff.Delaying(newFailed)) // pods lost with their node do not delay
 
 	s.decideFinish()
 	active := int32(len(s.active))

@@ -341,12 +341,12 @@ func TestGlobalBackoffDelaysReplacement(t *testing.T) {
 	if plan.RequeueAfter < 5*time.Second || plan.RequeueAfter > 6*time.Second {
 		t.Errorf("requeue after %v, want about 6s (10s from the finish time)", plan.RequeueAfter)
 	}
-	if plan.Record.Failures != 1 {
-		t.Errorf("record = %+v, want one failure", plan.Record)
+	if plan.Retries.Failures != 1 {
+		t.Errorf("record = %+v, want one failure", plan.Retries)
 	}
 	// Once the delay has passed the replacement is created.
 	j.Status = plan.Status
-	later := Sync(Input{Job: j, Now: now.Add(7 * time.Second), Backoff: backoff.Default, Record: plan.Record, ExpectationsSatisfied: true})
+	later := Sync(Input{Job: j, Now: now.Add(7 * time.Second), Backoff: backoff.Default, Retries: plan.Retries, ExpectationsSatisfied: true})
 	if len(later.Create) != 1 || later.Create[0].Reason != observe.CreateRecreateTerminatingOrFailed {
 		t.Errorf("after the delay: create %+v, want one recreate_terminating_or_failed", later.Create)
 	}
@@ -371,8 +371,8 @@ func TestPodReplacementPolicy(t *testing.T) {
 		if got := plan.Status.UncountedTerminatedPods.Failed; len(got) != 1 {
 			t.Errorf("uncounted failed = %v, want the terminating pod", got)
 		}
-		if plan.Record.Failures != 1 {
-			t.Errorf("record %+v: the terminating pod starts the backoff", plan.Record)
+		if plan.Retries.Failures != 1 {
+			t.Errorf("record %+v: the terminating pod starts the backoff", plan.Retries)
 		}
 	})
 }
