@@ -2,7 +2,8 @@
 // shared informers (shim/informers, built once by the caller), and for every Job whose
 // spec.managedBy is its name (S1) carries out the Plan that the pure package
 // shim/jobsync decides, in the order that package documents (pod deletions and creations,
-// one status write, finalizer removals, then Events, metrics and the Job's backoff).
+// the status write, finalizer removals and the write that counts their pods, then Events,
+// metrics and the Job's backoff).
 //
 // Jobs managed by anyone else are never synced and never written; neither are their pods,
 // with one exception, shared with the built-in Job controller: a pod that still carries

@@ -59,7 +59,7 @@ var countedPatch = mustJSON(map[string]any{
 //     goes on without it: the JobRecord is for explain, and a Job must never stall for it
 //     (explain then says its story is incomplete);
 //  1. pod deletions, then creations (managePods);
-//  2. one status write (writeStatus);
+//  2. the plan's status write (writeStatus);
 //  3. only now, the tracking finalizers of the pods the status accounts for, once the
 //     JobRecord holds their entries, then a second status write that counts those whose
 //     removal succeeded (countRemoved);
