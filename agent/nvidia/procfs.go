@@ -67,7 +67,7 @@ func ParseInformation(text string) (Information, error) {
 			info.Model = val
 		case "GPU UUID":
 			if !strings.HasPrefix(val, "GPU-") || strings.ContainsAny(val, " \t") {
-				return Information{}, fmt.Errorf("field \"GPU UUID\" %q does not read GPU-...", truncate(val))
+				return Information{}, fmt.Errorf("field \"GPU UUID\" %q does not start with GPU- or holds a blank", truncate(val))
 			}
 			info.UUID = val
 		case "Bus Location":

@@ -52,7 +52,8 @@ func ControlHandler(p *Plugin) http.Handler {
 
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(v)
+	// A failed write is the client's gone connection: nothing is left to tell it.
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 // ListenControl listens on a unix socket at path for the control API, replacing a stale

@@ -90,7 +90,7 @@ func (k *fakeKubelet) start(t *testing.T, cleanup bool) {
 	k.served = make(chan struct{})
 	go func(s *grpc.Server, served chan struct{}) {
 		defer close(served)
-		s.Serve(l)
+		_ = s.Serve(l) // ends when the test stops the fake kubelet
 	}(k.server, k.served)
 }
 
