@@ -35,6 +35,14 @@ const (
 	// "Pod forcefully terminated after 90s: node node-a is unreachable
 	// (opted in by coroner.dev/safe-to-forcefully-delete)".
 	ForcefullyTerminated corev1.PodConditionType = Prefix + "ForcefullyTerminated"
+
+	// DeviceFailed is set to True by the agent, with DisruptionTarget=True reason
+	// ReasonDeviceFailure, when a container of the pod died while a device allocated to it
+	// had failed (its health Unhealthy in the pod's allocatedResourcesStatus, or a hardware
+	// fault the driver logged for it): a rule can treat device failures apart from other
+	// disruptions. Its reason is ReasonDeviceFailure; its message names the resource, the
+	// device, the signal and when the device turned.
+	DeviceFailed corev1.PodConditionType = Prefix + "DeviceFailed"
 )
 
 // Reasons of the DisruptionTarget pod condition. The first five are set by
@@ -74,6 +82,11 @@ const (
 	// eviction (Z4). Upstream's disruption controller does the same with an
 	// empty reason.
 	ReasonStaleDisruptionTarget = "StaleDisruptionTarget"
+
+	// ReasonDeviceFailure (coroner) is set by the agent, on DisruptionTarget and on
+	// DeviceFailed, when a container died while a device allocated to it had failed:
+	// an "Ignore on DisruptionTarget" rule then retries the pod without counting it.
+	ReasonDeviceFailure = "DeviceFailure"
 )
 
 // Reason of the OOMKilled pod condition.
@@ -117,7 +130,7 @@ const (
 	// AnnotationExitHistory is written by the agent on pods with
 	// restartPolicy OnFailure or Always: the exits of their containers that
 	// the kubelet restarted in place, so that onExitCodes rules can act on
-	// them (A5). The format is owned by the agent.
+	// them (A5). Its format is api/v1alpha1's (ParseExitHistory, FormatExitHistory).
 	AnnotationExitHistory = Prefix + "exit-history"
 )
 

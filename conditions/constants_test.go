@@ -14,6 +14,7 @@ func TestVocabulary(t *testing.T) {
 		{"DisruptionTarget", string(DisruptionTarget), "DisruptionTarget"},
 		{"OOMKilled", string(OOMKilled), "coroner.dev/OOMKilled"},
 		{"ForcefullyTerminated", string(ForcefullyTerminated), "coroner.dev/ForcefullyTerminated"},
+		{"DeviceFailed", string(DeviceFailed), "coroner.dev/DeviceFailed"},
 
 		{"ReasonPreemptionByScheduler", ReasonPreemptionByScheduler, "PreemptionByScheduler"},
 		{"ReasonDeletionByTaintManager", ReasonDeletionByTaintManager, "DeletionByTaintManager"},
@@ -21,6 +22,7 @@ func TestVocabulary(t *testing.T) {
 		{"ReasonDeletionByPodGC", ReasonDeletionByPodGC, "DeletionByPodGC"},
 		{"ReasonTerminationByKubelet", ReasonTerminationByKubelet, "TerminationByKubelet"},
 		{"ReasonNodeOOMKill", ReasonNodeOOMKill, "NodeOOMKill"},
+		{"ReasonDeviceFailure", ReasonDeviceFailure, "DeviceFailure"},
 		{"ReasonMemoryLimitExceeded", ReasonMemoryLimitExceeded, "MemoryLimitExceeded"},
 
 		{"AnnotationSafeToForcefullyDelete", AnnotationSafeToForcefullyDelete, "coroner.dev/safe-to-forcefully-delete"},
