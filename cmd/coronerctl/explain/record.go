@@ -160,13 +160,17 @@ func recordNotes(job *batchv1.Job, rec *v1alpha1.JobRecord, pods []PodReport) []
 		}
 		notes = append(notes, fmt.Sprintf("the record dropped %d pods past its bound of %d (%s, oldest first): those are not told (coroner-shim --job-record-max-pods)", total, rec.MaxPods, strings.Join(parts, ", ")))
 	}
-	// Every counted failure should be a pod that exists or a recorded one.
+	// Every counted failure should be a pod that exists or a recorded one: a failed pod
+	// the policy counts, or a pod the record says was counted failed (gone, or still
+	// terminating after the Job failed while it ran).
 	known := 0
 	for _, p := range pods {
 		switch {
-		case p.pod != nil && p.pod.Status.Phase == corev1.PodFailed && policy.Match(job.Spec.PodFailurePolicy, p.pod).CountsAsFailure():
-			known++
-		case p.pod == nil && p.entry != nil && p.entry.Outcome == v1alpha1.OutcomeFailed:
+		case p.pod != nil && p.pod.Status.Phase == corev1.PodFailed:
+			if policy.Match(job.Spec.PodFailurePolicy, p.pod).CountsAsFailure() {
+				known++
+			}
+		case p.entry != nil && p.entry.Outcome == v1alpha1.OutcomeFailed:
 			known++
 		}
 	}

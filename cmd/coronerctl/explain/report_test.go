@@ -212,6 +212,16 @@ func TestIncompleteStory(t *testing.T) {
 			t.Errorf("report = %+v, want no record and no pods", r)
 		}
 	})
+	t.Run("a pod counted failed while it still terminates is known", func(t *testing.T) {
+		// The Job failed while the pod ran: status.failed counts it, the record holds it,
+		// and the pod still exists, being deleted (seen on the lab with a FailJob rule).
+		terminating := ownedPod(job, "crashy-7xk2p", 0).Phase(corev1.PodRunning).Obj()
+		terminating.DeletionTimestamp = &metav1.Time{Time: t0.Add(2 * time.Minute)}
+		r := Build(job, []*corev1.Pod{terminating}, objs[1].(*v1alpha1.JobRecord))
+		if len(r.Notes) != 0 {
+			t.Errorf("notes = %q, want none", r.Notes)
+		}
+	})
 	t.Run("successes that are gone", func(t *testing.T) {
 		done := job.DeepCopy()
 		done.Status.Succeeded = 3
