@@ -32,18 +32,15 @@ func (s *state) track() {
 			withFinalizer.Insert(p.UID)
 		}
 	}
-	// Pods recorded by an earlier sync whose finalizer is gone are now counted.
-	keep := func(uids []types.UID) []types.UID {
-		return slices.DeleteFunc(slices.Clone(uids), func(u types.UID) bool { return !withFinalizer.Has(u) })
+	// Pods recorded by an earlier sync whose finalizer is gone are now counted (when the
+	// write that follows the removals, CountRemoved's, did not count them already).
+	gone := sets.New[types.UID]()
+	for _, u := range slices.Concat(uncounted.Succeeded, uncounted.Failed) {
+		if !withFinalizer.Has(u) {
+			gone.Insert(u)
+		}
 	}
-	if kept := keep(uncounted.Succeeded); len(kept) != len(uncounted.Succeeded) {
-		s.status.Succeeded += int32(len(uncounted.Succeeded) - len(kept))
-		uncounted.Succeeded = kept
-	}
-	if kept := keep(uncounted.Failed); len(kept) != len(uncounted.Failed) {
-		s.status.Failed += int32(len(uncounted.Failed) - len(kept))
-		uncounted.Failed = kept
-	}
+	CountRemoved(&s.status, gone)
 
 	pods := s.in.Pods
 	if s.indexed {
