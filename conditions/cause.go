@@ -18,6 +18,10 @@ const (
 	// CauseNodeOOM: DisruptionTarget=True with reason NodeOOMKill, the agent's stamp for a
 	// kill by the node's OOM killer (node memory pressure), not the pod's own limit.
 	CauseNodeOOM CauseClass = "NodeOOM"
+	// CauseDevice: DisruptionTarget=True with reason DeviceFailure (and
+	// coroner.dev/DeviceFailed=True), the agent's stamp for a container that died while a
+	// device allocated to it had failed.
+	CauseDevice CauseClass = "Device"
 	// CauseDisruption: DisruptionTarget=True for any other reason (preemption, eviction,
 	// the kubelet's termination, a taint, ...).
 	CauseDisruption CauseClass = "Disruption"
@@ -81,8 +85,11 @@ func CauseOfDeath(p *corev1.Pod) Cause {
 		return withCondition(CauseLimitOOM, cond)
 	}
 	if cond := FindTrue(p, DisruptionTarget); cond != nil {
-		if cond.Reason == ReasonNodeOOMKill {
+		switch cond.Reason {
+		case ReasonNodeOOMKill:
 			return withCondition(CauseNodeOOM, cond)
+		case ReasonDeviceFailure:
+			return withCondition(CauseDevice, cond)
 		}
 		return withCondition(CauseDisruption, cond)
 	}
@@ -108,6 +115,7 @@ func CauseOfDeath(p *corev1.Pod) Cause {
 //	OOM-killed over its own memory limit (coroner.dev/OOMKilled MemoryLimitExceeded); container main exited 137 (OOMKilled)
 //	killed by the node's OOM killer, not over its own limit (DisruptionTarget NodeOOMKill); container main exited 137 (OOMKilled)
 //	disrupted (DisruptionTarget PreemptionByScheduler)
+//	killed by a failing device (DisruptionTarget DeviceFailure); container main exited 1
 //
 // The condition's message is left to the places that show a pod in full (explain's
 // details); the condition type and reason are always named, so that a reader (and a grep)
@@ -120,6 +128,8 @@ func (c Cause) String() string {
 		head = "OOM-killed over its own memory limit " + cond
 	case CauseNodeOOM:
 		head = "killed by the node's OOM killer, not over its own limit " + cond
+	case CauseDevice:
+		head = "killed by a failing device " + cond
 	case CauseDisruption:
 		head = "disrupted " + cond
 	case CauseForcefullyTerminated:

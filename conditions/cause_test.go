@@ -37,6 +37,8 @@ func TestCauseOfDeath(t *testing.T) {
 			CauseLimitOOM, "OOM-killed over its own memory limit (coroner.dev/OOMKilled MemoryLimitExceeded); container main exited 137 (OOMKilled)"},
 		{"a node OOM is not the pod's limit", pod(corev1.PodFailed, []corev1.ContainerStatus{oom137}, cond(DisruptionTarget, corev1.ConditionTrue, ReasonNodeOOMKill, "node memory pressure")),
 			CauseNodeOOM, "killed by the node's OOM killer, not over its own limit (DisruptionTarget NodeOOMKill); container main exited 137 (OOMKilled)"},
+		{"a failing device", pod(corev1.PodFailed, []corev1.ContainerStatus{exited("main", 1, "Error")}, cond(DisruptionTarget, corev1.ConditionTrue, ReasonDeviceFailure, "container main died: its device x"), cond(DeviceFailed, corev1.ConditionTrue, ReasonDeviceFailure, "container main died: its device x")),
+			CauseDevice, "killed by a failing device (DisruptionTarget DeviceFailure); container main exited 1"},
 		{"a disruption, no exit", pod(corev1.PodFailed, nil, cond(DisruptionTarget, corev1.ConditionTrue, "PreemptionByScheduler", "preempted\nby x")),
 			CauseDisruption, "disrupted (DisruptionTarget PreemptionByScheduler)"},
 		{"a False DisruptionTarget (stale, set False) says nothing", pod(corev1.PodFailed, []corev1.ContainerStatus{exited("main", 1, "Error")}, cond(DisruptionTarget, corev1.ConditionFalse, "StaleDisruptionTarget", "")),
