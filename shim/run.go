@@ -90,13 +90,14 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	// a standby starts no informer.
 	ctrl := NewControllers(ctx, client, Config{
 		Jobs: controller.Config{
-			ManagedBy:      opts.ManagedBy,
-			Backoff:        backoff.Policy{Base: opts.PodBackoffBase, Max: opts.PodBackoffMax},
-			Workers:        opts.Workers,
-			Metrics:        m,
-			OOMVerdictWait: opts.OOMVerdictWait,
-			Records:        clients.Records,
-			PodMetadata:    clients.PodMetadata,
+			ManagedBy:         opts.ManagedBy,
+			Backoff:           backoff.Policy{Base: opts.PodBackoffBase, Max: opts.PodBackoffMax},
+			Workers:           opts.Workers,
+			Metrics:           m,
+			OOMVerdictWait:    opts.OOMVerdictWait,
+			DeviceVerdictWait: opts.DeviceVerdictWait,
+			Records:           clients.Records,
+			PodMetadata:       clients.PodMetadata,
 		},
 		Recovery: recoverer.Config{
 			Recovery: recovery.Config{

@@ -60,6 +60,9 @@ type Config struct {
 	// OOMVerdictWait is how long a Failed pod whose container was OOM-killed waits for the
 	// agent's verdict (jobsync.Input.VerdictWait); 0: no wait.
 	OOMVerdictWait time.Duration
+	// DeviceVerdictWait is how long a Failed pod that held devices waits for the agent's
+	// device verdict (jobsync.Input.DeviceVerdictWait); 0: no wait.
+	DeviceVerdictWait time.Duration
 	// Records is where the pods' stories go for coronerctl explain (jobrecord.go); a nil
 	// Client keeps none.
 	Records RecordsConfig

@@ -106,6 +106,7 @@ func (c *Controller) syncInput(key string, job *batchv1.Job, pods []*corev1.Pod,
 		FinalizersBeingRemoved: beingRemoved,
 		MemoryRefused:          c.state.refusedMemory(key),
 		VerdictWait:            c.cfg.OOMVerdictWait,
+		DeviceVerdictWait:      c.cfg.DeviceVerdictWait,
 	}
 }
 

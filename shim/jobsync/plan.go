@@ -27,7 +27,7 @@
 // completedIndexes) are the built-in controller's.
 //
 // Files, by concern: sync.go (Sync: one pass in order), pods.go (pod predicates, removal order,
-// new pods), verdict.go (waiting for the agent's OOM verdict), finish.go (the
+// new pods), verdict.go (waiting for the agent's OOM and device verdicts), device.go (the device verdicts' Events), finish.go (the
 // Job's end), manage.go (creating, deleting, suspending), track.go (finalizer tracking),
 // explain.go (Events), conditions.go (the Job's conditions), plan.go (the Plan).
 package jobsync
@@ -77,6 +77,11 @@ type Input struct {
 	// agent's verdict (coroner.dev/OOMKilled or DisruptionTarget) when the Job's policy
 	// has a rule on pod conditions (policy.AwaitingVerdict); 0: no wait.
 	VerdictWait time.Duration
+	// DeviceVerdictWait is how long a Failed pod that held devices and whose container
+	// died waits for the agent's device verdict (DisruptionTarget DeviceFailure, or
+	// coroner.dev/DeviceFailed of either status) when the verdict can change what the
+	// Job's policy does (policy.AwaitingDeviceVerdict); 0: no wait.
+	DeviceVerdictWait time.Duration
 }
 
 // Plan is what the controller must do for the Job.

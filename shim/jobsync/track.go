@@ -94,7 +94,7 @@ func (s *state) track() {
 			}
 			if g, grows := s.growths(p); grows && considerFailed {
 				s.explainGrowth(p, g, ix)
-			} else if considerFailed {
+			} else if considerFailed && !s.explainDevice(p, r, ix) {
 				s.explainFailure(p, r, ix)
 			}
 			s.leave(p, s.decision(p, r, ix))

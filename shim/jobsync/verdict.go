@@ -1,6 +1,7 @@
 package jobsync
 
-// The wait for the agent's verdict on an OOM-killed pod before it is counted.
+// The waits for the agent's verdicts before a failed pod is counted: on an OOM-killed pod
+// (limit or node OOM), and on a pod that held devices (did a device kill it).
 
 import (
 	"time"
@@ -13,10 +14,15 @@ import (
 
 // awaitVerdicts returns the pods as this sync sees them: a Failed pod whose OOM kill
 // still waits for the agent's verdict (policy.AwaitingVerdict; for a Job with
-// coroner.dev/oom-memory-retry, policy.VerdictWait whatever its policy) is seen as it was a moment
-// before, Running: not counted, not replaced, its finalizer kept, until the verdict is in
-// or the wait is over. The second result is the shortest wait left, for a requeue. The
-// informer's pods are not modified: a waiting pod is a shallow copy with its own status.
+// coroner.dev/oom-memory-retry, policy.VerdictWait whatever its policy), or whose
+// container's death still waits for the agent's device verdict
+// (policy.AwaitingDeviceVerdict), is seen as it was a moment before, Running: not
+// counted, not replaced, its finalizer kept, until the verdicts are in or the waits are
+// over. A pod being deleted waits the same (it is then seen as terminating), and a Job
+// that finished does not come here. The second result is the shortest wait left, for a
+// requeue (a pod waiting for both verdicts counts with the longer of its two waits: a
+// verdict that comes earlier brings a pod update, and a sync with it). The informer's
+// pods are not modified: a waiting pod is a shallow copy with its own status.
 func awaitVerdicts(in Input) ([]*corev1.Pod, time.Duration) {
 	var pods []*corev1.Pod
 	var shortest time.Duration
@@ -27,6 +33,7 @@ func awaitVerdicts(in Input) ([]*corev1.Pod, time.Duration) {
 			// A growth is decided on the agent's verdict (coroner.dev/OOMKilled).
 			left = policy.VerdictWait(p, in.Now, in.VerdictWait)
 		}
+		left = max(left, policy.AwaitingDeviceVerdict(in.Job, p, in.Now, in.DeviceVerdictWait))
 		if left <= 0 {
 			if pods != nil {
 				pods = append(pods, p)

@@ -28,8 +28,38 @@ type Observations struct {
 	// MemoryGrowths counts the failures whose replacement gets more memory
 	// (coroner.dev/oom-memory-retry).
 	MemoryGrowths int
+	// DeviceFailures counts the failed pods decided with coroner-agent's DeviceFailure
+	// verdict (a device killed them), by the failing device's resource and the action.
+	DeviceFailures map[DeviceFailure]int
+	// DeviceVerdicts are, for each failed pod decided in this plan whose failure
+	// coroner-agent's device verdict could change, the verdict it was decided with and how
+	// long after its container's death.
+	DeviceVerdicts []DeviceVerdict
 	// JobFinished is set when this plan adds the Complete or Failed condition.
 	JobFinished *JobFinished
+}
+
+// DeviceFailure labels a device failure: Resource is the failing device's resource
+// ("nvidia.com/gpu"; "claim" for every DRA claim, whose names are the pods'; "unknown"
+// when the verdict does not say), Action what the pod failure policy did ("Ignore",
+// "Count", "FailJob", "FailIndex", or "None" when no rule matched).
+type DeviceFailure struct {
+	Resource, Action string
+}
+
+// Values of DeviceVerdict.Verdict.
+const (
+	VerdictDeviceFailure   = "DeviceFailure"   // DisruptionTarget DeviceFailure: a device killed the pod
+	VerdictNoDeviceFailure = "NoDeviceFailure" // coroner.dev/DeviceFailed=False: no device did
+	VerdictMissing         = "Missing"         // none came before the wait was over
+)
+
+// DeviceVerdict is one decision on coroner-agent's device verdict: the verdict it was
+// taken with (VerdictDeviceFailure, VerdictNoDeviceFailure, VerdictMissing) and the
+// seconds from the container's death to the decision.
+type DeviceVerdict struct {
+	Verdict string
+	Seconds float64
 }
 
 // JobFinished describes a Job that finished in this plan.

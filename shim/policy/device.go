@@ -3,6 +3,7 @@ package policy
 // The wait for coroner-agent's device verdict on a failed pod that held devices.
 
 import (
+	"slices"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -70,24 +71,34 @@ func AwaitingDeviceVerdict(job *batchv1.Job, pod *corev1.Pod, now time.Time, wai
 }
 
 // DeviceVerdictMatters reports whether coroner-agent's device verdict can change what pfp
-// does with the failed pod: the action of the rule that matches the pod as it is differs
-// from the one that matches it once stamped, with either verdict (DisruptionTarget=True
+// does with the failed pod: the action of the rule that matches the pod without a verdict
+// differs from the one that matches it stamped with either verdict (DisruptionTarget=True
 // reason DeviceFailure and coroner.dev/DeviceFailed=True, or coroner.dev/DeviceFailed=False
-// reason NoDeviceFailure). No match and Count are the same outcome (counted). So a policy
-// without a rule on those conditions never waits, nor does one whose earlier rule (on
-// exit codes, say) decides the pod whatever its conditions.
+// reason NoDeviceFailure). A pod that has a verdict is judged without it first. No match
+// and Count are the same outcome (counted). So a policy without a rule on those
+// conditions never waits, nor does one whose earlier rule (on exit codes, say) decides the
+// pod whatever its conditions.
 func DeviceVerdictMatters(pfp *batchv1.PodFailurePolicy, pod *corev1.Pod) bool {
 	if pfp == nil || pod == nil || !readsConditions(pfp) {
 		return false
 	}
-	now := outcome(Match(pfp, pod))
-	failed := withConditions(pod,
+	bare := withConditions(pod)
+	bare.Status.Conditions = slices.DeleteFunc(bare.Status.Conditions, func(c corev1.PodCondition) bool {
+		return c.Type == conditions.DeviceFailed || (c.Type == corev1.DisruptionTarget && c.Reason == conditions.ReasonDeviceFailure)
+	})
+	without := outcome(Match(pfp, bare))
+	failed := withConditions(bare,
 		corev1.PodCondition{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: conditions.ReasonDeviceFailure},
 		corev1.PodCondition{Type: conditions.DeviceFailed, Status: corev1.ConditionTrue, Reason: conditions.ReasonDeviceFailure})
-	healthy := withConditions(pod,
+	healthy := withConditions(bare,
 		corev1.PodCondition{Type: conditions.DeviceFailed, Status: corev1.ConditionFalse, Reason: conditions.ReasonNoDeviceFailure})
-	return outcome(Match(pfp, failed)) != now || outcome(Match(pfp, healthy)) != now
+	return outcome(Match(pfp, failed)) != without || outcome(Match(pfp, healthy)) != without
 }
+
+// DeviceDeathOf is the failing container exit (a non-zero code or a signal) of pod that
+// finished last, which coroner-agent's device verdict is about; false when none has a
+// finishedAt.
+func DeviceDeathOf(pod *corev1.Pod) (DeviceDeath, bool) { return lastFailingExit(pod) }
 
 // outcome is what a result does to the Job: its action, Count when no rule matched.
 func outcome(r Result) batchv1.PodFailurePolicyAction {

@@ -125,3 +125,25 @@ func TestAwaitsDeviceVerdictNamesTheDeath(t *testing.T) {
 		t.Errorf("the pod was modified: %v", p.Status.Conditions)
 	}
 }
+
+// TestDeviceVerdictMattersOnAStampedPod: the question is asked of pods judged with their
+// verdict too (for the Events and metrics): the verdict is taken off first.
+func TestDeviceVerdictMattersOnAStampedPod(t *testing.T) {
+	ignore := &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{Action: batchv1.PodFailurePolicyActionIgnore,
+		OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}}}}}
+	p := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed, Conditions: []corev1.PodCondition{
+		{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: conditions.ReasonDeviceFailure},
+		{Type: conditions.DeviceFailed, Status: corev1.ConditionTrue, Reason: conditions.ReasonDeviceFailure},
+	}}}
+	if !DeviceVerdictMatters(ignore, p) {
+		t.Error("a DeviceFailure stamp under Ignore on DisruptionTarget: want it to matter")
+	}
+	p.Status.Conditions = []corev1.PodCondition{{Type: conditions.DeviceFailed, Status: corev1.ConditionFalse, Reason: conditions.ReasonNoDeviceFailure}}
+	if !DeviceVerdictMatters(ignore, p) {
+		t.Error("a NoDeviceFailure stamp under Ignore on DisruptionTarget: want it to matter")
+	}
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: conditions.ReasonPreemptionByScheduler}}
+	if DeviceVerdictMatters(ignore, p) {
+		t.Error("a preempted pod is Ignored whatever the device verdict")
+	}
+}
