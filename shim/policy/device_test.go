@@ -59,7 +59,7 @@ func TestAwaitingDeviceVerdict(t *testing.T) {
 		{name: "exit 1 holding a GPU, no verdict: waits the rest", policy: ignoreDisruptions, pod: pod(), wait: 30 * time.Second, want: 25 * time.Second},
 		{name: "killed by a signal", policy: ignoreDisruptions, pod: pod(statuses(exit(0, 9, 10*time.Second))), wait: 30 * time.Second, want: 20 * time.Second},
 		{name: "the latest failing container counts", policy: ignoreDisruptions,
-			pod: pod(statuses(exit(1, 0, 40*time.Second), corev1.ContainerStatus{Name: "side", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 2, FinishedAt: metav1.NewTime(now.Add(-2 * time.Second))}}})),
+			pod:  pod(statuses(exit(1, 0, 40*time.Second), corev1.ContainerStatus{Name: "side", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 2, FinishedAt: metav1.NewTime(now.Add(-2 * time.Second))}}})),
 			wait: 30 * time.Second, want: 28 * time.Second},
 		{name: "a container that exited 0 later does not count", policy: ignoreDisruptions,
 			pod: pod(statuses(exit(1, 0, 20*time.Second), exit(0, 0, time.Second))), wait: 30 * time.Second, want: 10 * time.Second},
@@ -95,7 +95,9 @@ func TestAwaitingDeviceVerdict(t *testing.T) {
 		{name: "FailJob on DeviceFailed=False reads the healthy verdict", policy: policy(rule(batchv1.PodFailurePolicyActionFailJob, conditions.DeviceFailed, corev1.ConditionFalse)), pod: pod(), wait: 30 * time.Second, want: 25 * time.Second},
 		{name: "Ignore on DeviceFailed", policy: policy(rule(batchv1.PodFailurePolicyActionIgnore, conditions.DeviceFailed, corev1.ConditionTrue)), pod: pod(), wait: 30 * time.Second, want: 25 * time.Second},
 		{name: "an init container's death", policy: ignoreDisruptions,
-			pod: pod(statuses(), func(p *corev1.Pod) { p.Status.InitContainerStatuses = []corev1.ContainerStatus{exit(1, 0, 3*time.Second)} }), wait: 30 * time.Second, want: 27 * time.Second},
+			pod: pod(statuses(), func(p *corev1.Pod) {
+				p.Status.InitContainerStatuses = []corev1.ContainerStatus{exit(1, 0, 3*time.Second)}
+			}), wait: 30 * time.Second, want: 27 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			job := &batchv1.Job{Spec: batchv1.JobSpec{PodFailurePolicy: tc.policy}}
