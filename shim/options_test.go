@@ -29,6 +29,8 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "metrics off", args: []string{"--metrics-bind-address=0", "--health-probe-bind-address=0"}},
 		{name: "backoff max below base", args: []string{"--pod-failure-backoff-base=1m", "--pod-failure-backoff-max=30s"}, wantErr: []string{"0 < base <= max"}},
 		{name: "negative zombie threshold", args: []string{"--zombie-threshold=-1s"}, wantErr: []string{"--zombie-threshold"}},
+		{name: "device verdict wait off", args: []string{"--device-verdict-wait=0"}},
+		{name: "negative device verdict wait", args: []string{"--device-verdict-wait=-5s"}, wantErr: []string{"--device-verdict-wait=-5s: must not be negative"}},
 		{name: "recover only managed Jobs' pods", args: []string{"--recover-pods=managed"}},
 		{name: "recover every opted-in pod", args: []string{"--recover-pods=all"}},
 		{name: "unknown recovery scope", args: []string{"--recover-pods=none"}, wantErr: []string{`--recover-pods="none"`, `"all" or "managed"`}},
@@ -68,5 +70,8 @@ func TestDefaults(t *testing.T) {
 	}
 	if o.RecoverPods != "all" {
 		t.Errorf("default --recover-pods=%q, want all (every opted-in pod, as Kueue)", o.RecoverPods)
+	}
+	if o.DeviceVerdictWait != 30*time.Second {
+		t.Errorf("default --device-verdict-wait=%v, want 30s (three times the agent's 10 s window, docs/choices.md)", o.DeviceVerdictWait)
 	}
 }
