@@ -130,6 +130,18 @@ type Metrics struct {
 	// Label: completion_mode.
 	JobMemoryGrowths *prometheus.CounterVec
 
+	// JobDeviceFailures (coroner_job_device_failures_total) counts the failed pods the shim
+	// decided with coroner-agent's DeviceFailure verdict (a device allocated to the pod had
+	// failed when its container died). Labels: resource (the failing device's resource,
+	// "nvidia.com/gpu"; "claim" for DRA claims; "unknown" when the verdict does not say),
+	// action (Ignore, Count, FailJob, FailIndex, None: what the pod failure policy did).
+	JobDeviceFailures *prometheus.CounterVec
+	// JobDeviceVerdictWait (coroner_job_device_verdict_wait_seconds, histogram) is, for
+	// each failed pod whose failure coroner-agent's device verdict could change, the time
+	// from its container's death to the shim's decision. Label: verdict (DeviceFailure,
+	// NoDeviceFailure, Missing: decided without it once --device-verdict-wait was over).
+	JobDeviceVerdictWait *prometheus.HistogramVec
+
 	// JobRecordWrites (coroner_job_record_writes_total) counts the shim's writes of
 	// JobRecords (package api/v1alpha1), by verb (create, patch, delete) and result
 	// (success, conflict, error); JobRecordBytes (coroner_job_record_bytes_total) the
@@ -233,6 +245,17 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name:      "job_memory_growths_total",
 			Help:      "Failed pods, killed at their own memory limit, whose replacement got more memory (coroner.dev/oom-memory-retry). completion_mode: Indexed, NonIndexed.",
 		}, []string{"completion_mode"}),
+		JobDeviceFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "job_device_failures_total",
+			Help:      "Failed pods decided with coroner-agent's DeviceFailure verdict (a device allocated to the pod had failed). resource: the failing device's resource (claim for DRA claims, unknown when not said); action: Ignore, Count, FailJob, FailIndex, or None when no rule matched.",
+		}, []string{"resource", "action"}),
+		JobDeviceVerdictWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace,
+			Name:      "job_device_verdict_wait_seconds",
+			Help:      "For failed pods whose failure coroner-agent's device verdict could change, the time from the container's death to the shim's decision. verdict: DeviceFailure, NoDeviceFailure, or Missing (decided without it, --device-verdict-wait over).",
+			Buckets:   []float64{0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 120, 300},
+		}, []string{"verdict"}),
 		JobRecordWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace,
 			Name:      "job_record_writes_total",
@@ -260,6 +283,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.TerminatedPodsTrackingFinalizer,
 		m.ManagedJobs,
 		m.JobMemoryGrowths,
+		m.JobDeviceFailures,
+		m.JobDeviceVerdictWait,
 		m.JobRecordWrites,
 		m.JobRecordBytes,
 		m.JobRecordEntries,
@@ -283,7 +308,7 @@ func (m *Metrics) SetLeader(leading bool) {
 }
 
 // Record adds the decisions of one carried-out Plan: pod failures by action, finished
-// pods and indexes, and the finished Job. completionMode is Indexed or NonIndexed and
+// pods and indexes, device verdicts, and the finished Job. completionMode is Indexed or NonIndexed and
 // backoffLimit is BackoffLimitPerIndex or BackoffLimitGlobal (observe.Observations does
 // not carry the Job's shape). Zero and negative counts are skipped. A nil m records
 // nothing.
@@ -308,6 +333,14 @@ func (m *Metrics) Record(obs observe.Observations, completionMode, backoffLimit 
 	}
 	if obs.MemoryGrowths > 0 {
 		m.JobMemoryGrowths.WithLabelValues(completionMode).Add(float64(obs.MemoryGrowths))
+	}
+	for k, n := range obs.DeviceFailures {
+		if n > 0 {
+			m.JobDeviceFailures.WithLabelValues(k.Resource, k.Action).Add(float64(n))
+		}
+	}
+	for _, v := range obs.DeviceVerdicts {
+		m.JobDeviceVerdictWait.WithLabelValues(v.Verdict).Observe(v.Seconds)
 	}
 	if f := obs.JobFinished; f != nil {
 		result := Failed

@@ -98,6 +98,24 @@ func TestRecord(t *testing.T) {
 			},
 		},
 		{
+			name: "device verdicts",
+			obs: observe.Observations{
+				PodFailures:    map[string]int{"Ignore": 1, "None": 2},
+				DeviceFailures: map[observe.DeviceFailure]int{{Resource: "nvidia.com/gpu", Action: "Ignore"}: 1},
+				DeviceVerdicts: []observe.DeviceVerdict{{Verdict: observe.VerdictDeviceFailure, Seconds: 0.4}, {Verdict: observe.VerdictMissing, Seconds: 31}, {Verdict: observe.VerdictNoDeviceFailure, Seconds: 11}},
+			},
+			mode: "Indexed", backoffLimit: BackoffLimitPerIndex,
+			want: []string{
+				"coroner_job_device_failures_total{action=Ignore,resource=nvidia.com/gpu} 1",
+				"coroner_job_device_verdict_wait_seconds{verdict=DeviceFailure} 1",
+				"coroner_job_device_verdict_wait_seconds{verdict=Missing} 1",
+				"coroner_job_device_verdict_wait_seconds{verdict=NoDeviceFailure} 1",
+				"coroner_managed_jobs{} 0",
+				"coroner_pod_failures_handled_by_failure_policy_total{action=Ignore} 1",
+				"coroner_pod_failures_handled_by_failure_policy_total{action=None} 2",
+			},
+		},
+		{
 			name: "Job completed",
 			obs:  observe.Observations{JobFinished: &observe.JobFinished{Succeeded: true, Reason: "CompletionsReached"}},
 			mode: "NonIndexed", backoffLimit: BackoffLimitGlobal,
