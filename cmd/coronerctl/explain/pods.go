@@ -150,9 +150,10 @@ func details(p *corev1.Pod) []Line {
 		out = append(out, Line{"oom", fmt.Sprintf("the runtime reports OOMKilled but coroner-agent did not classify it (no %s, no %s reason %s): limit or node unknown",
 			conditions.OOMKilled, conditions.DisruptionTarget, conditions.ReasonNodeOOMKill)})
 	}
-	if dt != nil && dt.Reason != conditions.ReasonNodeOOMKill {
+	if dt != nil && dt.Reason != conditions.ReasonNodeOOMKill && dt.Reason != conditions.ReasonDeviceFailure {
 		out = append(out, Line{"disruption", conditionText(dt)})
 	}
+	out = append(out, deviceDetails(p)...)
 	if ft := conditions.FindTrue(p, conditions.ForcefullyTerminated); ft != nil {
 		out = append(out, Line{"recovery", conditionText(ft)})
 	}
@@ -249,7 +250,7 @@ func hasCoronerStamp(p *corev1.Pod) bool {
 		if strings.HasPrefix(string(c.Type), conditions.Prefix) {
 			return true
 		}
-		if c.Type == conditions.DisruptionTarget && (c.Reason == conditions.ReasonNodeOOMKill || c.Reason == conditions.ReasonStaleDisruptionTarget) {
+		if c.Type == conditions.DisruptionTarget && (c.Reason == conditions.ReasonNodeOOMKill || c.Reason == conditions.ReasonStaleDisruptionTarget || c.Reason == conditions.ReasonDeviceFailure) {
 			return true
 		}
 	}

@@ -61,6 +61,9 @@ func gonePods(job *batchv1.Job, rec *v1alpha1.JobRecord, live map[string]bool) [
 			pr.Index = &ix
 		}
 		pr.Details = append(pr.Details, Line{"recorded", entryOutcome(e)})
+		if line, ok := goneDevice(e.Cause); ok {
+			pr.Details = append(pr.Details, line)
+		}
 		if e.Cause != nil && e.Cause.Message != "" {
 			pr.Details = append(pr.Details, Line{"message", e.Cause.Message})
 		}

@@ -135,6 +135,13 @@ func podReport(job *batchv1.Job, p *corev1.Pod) PodReport {
 		res := policy.Match(job.Spec.PodFailurePolicy, p)
 		pr.Rule = ruleText(job, res)
 		pr.Action = actionText(job, p, podIndex(job, p), res, indexed(job) && job.Spec.BackoffLimitPerIndex != nil)
+		if line, waiting, ok := awaitingDevice(job, p); ok && waiting {
+			// coroner-shim sees it running until the verdict is in.
+			pr.Rule = "not decided yet: coroner-agent's device verdict can change the rule that matches"
+			pr.Action = line.Text
+		} else if ok {
+			pr.Details = append(pr.Details, line)
+		}
 	}
 	return pr
 }
@@ -248,6 +255,12 @@ func indexStates(job *batchv1.Job, pods []*corev1.Pod) []IndexState {
 		active, terminating := false, false
 		for _, p := range ps {
 			state, _ := classify(p)
+			if _, waiting, ok := awaitingDevice(job, p); ok && waiting {
+				// coroner-shim sees it running until coroner-agent's device verdict.
+				st.Pods = append(st.Pods, fmt.Sprintf("%s (%s, awaiting the device verdict)", p.Name, state))
+				active = true
+				continue
+			}
 			st.Pods = append(st.Pods, fmt.Sprintf("%s (%s)", p.Name, state))
 			f, _ := backoff.IndexFailureCount(p)
 			ig, _ := backoff.IndexIgnoredFailureCount(p)
