@@ -13,7 +13,8 @@
 //
 // The lints are coroner's (see lint.go): a Job not handed to coroner-shim, onExitCodes
 // rules that cannot match under restartPolicy OnFailure, exit code 137 taken for an OOM
-// kill, long-running Jobs that do not ignore disruptions, condition types that nothing
+// kill, long-running Jobs that do not ignore disruptions, Jobs whose pods ask for devices
+// but would count a device failure (devices.go), condition types that nothing
 // sets (with the known type meant, condtypes.go), opt-in annotations with a value other
 // than "true" or on the Job instead of its pod template (annotations.go), and rules that
 // can never fire because earlier ones match every pod they would (shadow.go).

@@ -11,7 +11,7 @@ import (
 )
 
 // coronerConditionTypes are the pod condition types coroner sets (conditions/).
-var coronerConditionTypes = []corev1.PodConditionType{conditions.OOMKilled, conditions.ForcefullyTerminated}
+var coronerConditionTypes = []corev1.PodConditionType{conditions.OOMKilled, conditions.ForcefullyTerminated, conditions.DeviceFailed}
 
 // knownConditionTypes are the pod condition types something is known to set: every
 // PodConditionType of k8s.io/api/core/v1 v0.36, then coroner's.

@@ -86,7 +86,7 @@ func lint(spec *batchv1.JobSpec, path *field.Path, managedBy string) []Finding {
 		add(Hint, p, "no Ignore rule on the %s condition for a long-running Job (%s): preemptions, evictions, drains and node OOM kills will count as failures of the Job",
 			corev1.DisruptionTarget, deadline)
 	}
-	return out
+	return append(out, lintDevices(spec, path)...)
 }
 
 // ignoresDisruptions reports whether a rule with action Ignore matches DisruptionTarget=True.
