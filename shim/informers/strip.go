@@ -26,8 +26,11 @@ import (
 // controller caches every pod of the cluster whole, but for managedFields). Of a pod's
 // spec the shim reads only nodeName, restartPolicy, the containers' and init containers'
 // names, the init containers' restartPolicy (sidecars) and, of a failed pod, the
-// containers' and the pod-level memory limits (the memory retry); of its status the phase, reason, message, conditions, start time and the
-// containers' states. Volumes, environment, commands, probes, images, tolerations,
+// containers' and the pod-level memory limits (the memory retry), and the devices it holds
+// (extended resources, the names of its resource claims: the device verdict's wait,
+// conditions.HoldsDevices); of its status the phase, reason, message, conditions, start
+// time and the containers' states, and of a failed pod the devices' health the kubelet
+// reports (allocatedResourcesStatus). Volumes, environment, commands, probes, images, tolerations,
 // affinity, IPs and the like are never read: StripJobPod drops them, and the metadata's
 // managedFields (TestStripJobPodMemory measures what a batch pod keeps).
 
@@ -84,8 +87,9 @@ func StripJobPod(obj any) (any, error) {
 		return stripManagedFields(obj)
 	}
 	p.ManagedFields = nil
-	// Memory limits are read of failed pods only (the memory retry's growth and ladder):
-	// the version of a pod that reaches the cache once it failed keeps them.
+	// Memory limits and devices are read of failed pods only (the memory retry's growth and
+	// ladder, the device verdict's wait): the version of a pod that reaches the cache once
+	// it failed keeps them.
 	failed := p.Status.Phase == corev1.PodFailed
 	spec := corev1.PodSpec{
 		NodeName:       p.Spec.NodeName,
@@ -96,6 +100,11 @@ func StripJobPod(obj any) (any, error) {
 	if failed && p.Spec.Resources != nil {
 		spec.Resources = &corev1.ResourceRequirements{Limits: memoryLimit(p.Spec.Resources.Limits)}
 	}
+	if failed {
+		for _, c := range p.Spec.ResourceClaims {
+			spec.ResourceClaims = append(spec.ResourceClaims, corev1.PodResourceClaim{Name: c.Name})
+		}
+	}
 	p.Spec = spec
 	p.Status = corev1.PodStatus{
 		Phase:                 p.Status.Phase,
@@ -103,14 +112,14 @@ func StripJobPod(obj any) (any, error) {
 		Message:               p.Status.Message,
 		Conditions:            p.Status.Conditions,
 		StartTime:             p.Status.StartTime,
-		ContainerStatuses:     slimStatuses(p.Status.ContainerStatuses),
-		InitContainerStatuses: slimStatuses(p.Status.InitContainerStatuses),
+		ContainerStatuses:     slimStatuses(p.Status.ContainerStatuses, failed),
+		InitContainerStatuses: slimStatuses(p.Status.InitContainerStatuses, failed),
 	}
 	return p, nil
 }
 
-// slimContainers keeps a container's name and restartPolicy, and its memory limit when
-// withResources.
+// slimContainers keeps a container's name and restartPolicy, and its memory limit and
+// device resources (limits and requests) when withResources.
 func slimContainers(cs []corev1.Container, withResources bool) []corev1.Container {
 	if len(cs) == 0 {
 		return nil
@@ -119,14 +128,18 @@ func slimContainers(cs []corev1.Container, withResources bool) []corev1.Containe
 	for i, c := range cs {
 		out[i] = corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy}
 		if withResources {
-			out[i].Resources = corev1.ResourceRequirements{Limits: memoryLimit(c.Resources.Limits)}
+			out[i].Resources = corev1.ResourceRequirements{
+				Limits:   withDevices(memoryLimit(c.Resources.Limits), c.Resources.Limits),
+				Requests: withDevices(nil, c.Resources.Requests),
+			}
 		}
 	}
 	return out
 }
 
-// slimStatuses keeps a container status's name, states, readiness and restart count.
-func slimStatuses(ss []corev1.ContainerStatus) []corev1.ContainerStatus {
+// slimStatuses keeps a container status's name, states, readiness and restart count, and
+// the devices' health when withDevices.
+func slimStatuses(ss []corev1.ContainerStatus, withDevices bool) []corev1.ContainerStatus {
 	if len(ss) == 0 {
 		return nil
 	}
@@ -134,8 +147,24 @@ func slimStatuses(ss []corev1.ContainerStatus) []corev1.ContainerStatus {
 	for i, s := range ss {
 		out[i] = corev1.ContainerStatus{Name: s.Name, State: s.State, LastTerminationState: s.LastTerminationState,
 			Ready: s.Ready, Started: s.Started, RestartCount: s.RestartCount}
+		if withDevices {
+			out[i].AllocatedResourcesStatus = s.AllocatedResourcesStatus
+		}
 	}
 	return out
+}
+
+// withDevices is kept with the device resources of l added (conditions.IsDeviceResource).
+func withDevices(kept, l corev1.ResourceList) corev1.ResourceList {
+	for name, q := range l {
+		if conditions.IsDeviceResource(name) {
+			if kept == nil {
+				kept = corev1.ResourceList{}
+			}
+			kept[name] = q
+		}
+	}
+	return kept
 }
 
 // memoryLimit is l's memory entry alone, nil without one.

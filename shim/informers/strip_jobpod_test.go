@@ -225,3 +225,47 @@ func TestStripJobPodMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestStripJobPodKeepsDevices: of a failed pod that held devices, the stripped pod holds
+// the same devices and waits for the same device verdict; a running one keeps none.
+func TestStripJobPodKeepsDevices(t *testing.T) {
+	full := batchPod(1)
+	gpu := corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}
+	full.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"] = gpu["nvidia.com/gpu"]
+	full.Spec.Containers[0].Resources.Requests["nvidia.com/gpu"] = gpu["nvidia.com/gpu"]
+	full.Spec.InitContainers[0].Resources.Requests["example.com/fpga"] = resource.MustParse("1")
+	full.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "nic", ResourceClaimTemplateName: ptr.To("rdma")}}
+	full.Status.Conditions = full.Status.Conditions[1:] // no OOM stamp
+	full.Status.ContainerStatuses[0].State.Terminated.ExitCode, full.Status.ContainerStatuses[0].State.Terminated.Reason = 1, "Error"
+	full.Status.ContainerStatuses[0].AllocatedResourcesStatus = []corev1.ResourceStatus{{Name: "nvidia.com/gpu",
+		Resources: []corev1.ResourceHealth{{ResourceID: "GPU-1", Health: corev1.ResourceHealthStatusUnhealthy}}}}
+	out, _ := StripJobPod(full.DeepCopy())
+	p := out.(*corev1.Pod)
+	if got, want := conditions.DeviceResources(p), conditions.DeviceResources(full); !reflect.DeepEqual(got, want) || len(want) != 3 {
+		t.Errorf("DeviceResources: stripped %v, whole %v", got, want)
+	}
+	pfp := &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{Action: batchv1.PodFailurePolicyActionIgnore,
+		OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}}}}}
+	d1, ok1 := policy.AwaitsDeviceVerdict(pfp, p)
+	d2, ok2 := policy.AwaitsDeviceVerdict(pfp, full)
+	if d1 != d2 || ok1 != ok2 || !ok1 {
+		t.Errorf("AwaitsDeviceVerdict: stripped %+v %v, whole %+v %v", d1, ok1, d2, ok2)
+	}
+	v := conditions.DeviceVerdict{Failed: true}
+	if got, want := v.FailedResource(p), v.FailedResource(full); got != want || got != "nvidia.com/gpu" {
+		t.Errorf("FailedResource: stripped %q, whole %q", got, want)
+	}
+	if r := p.Spec.Containers[0].Resources; r.Requests.Cpu().Value() != 0 || len(r.Requests) != 1 {
+		t.Errorf("kept requests %v, want the GPU alone", r.Requests)
+	}
+	running := full.DeepCopy()
+	running.Status.Phase = corev1.PodRunning
+	rp, _ := StripJobPod(running)
+	if q := rp.(*corev1.Pod); len(conditions.DeviceResources(q)) != 0 || q.Status.ContainerStatuses[0].AllocatedResourcesStatus != nil {
+		t.Errorf("a running pod kept its devices: %v", conditions.DeviceResources(q))
+	}
+	again, _ := StripJobPod(p.DeepCopy())
+	if !reflect.DeepEqual(again, p) {
+		t.Errorf("not idempotent: %+v, then %+v", p, again)
+	}
+}
