@@ -72,16 +72,42 @@ func IsTerminalPhase(phase corev1.PodPhase) bool {
 //
 // The error wraps ErrPodGone when the pod no longer exists.
 func EnsurePodCondition(ctx context.Context, c PodPatcher, pod *corev1.Pod, cond corev1.PodCondition, now func() metav1.Time) (changed bool, err error) {
-	if cond.Type == "" {
-		return false, errors.New("conditions: condition type is empty")
+	written, err := EnsurePodConditions(ctx, c, pod, now, cond)
+	return len(written) > 0, err
+}
+
+// EnsurePodConditions is EnsurePodCondition for several conditions in one write: the
+// patch carries those of conds the pod does not have as wanted (of two of the same type,
+// the first), and written lists their types (none: no API call was made). Retries, now
+// and errors are as for EnsurePodCondition.
+func EnsurePodConditions(ctx context.Context, c PodPatcher, pod *corev1.Pod, now func() metav1.Time, conds ...corev1.PodCondition) (written []corev1.PodConditionType, err error) {
+	for _, cond := range conds {
+		if cond.Type == "" {
+			return nil, errors.New("conditions: condition type is empty")
+		}
 	}
-	return write(ctx, c, pod, func(cur *corev1.Pod) ([]byte, error) {
+	var changedTypes []corev1.PodConditionType
+	ok, err := write(ctx, c, pod, func(cur *corev1.Pod) ([]byte, error) {
+		t := clock(now)()
 		status := cur.Status.DeepCopy()
-		if !Set(status, cond, clock(now)()) {
+		changedTypes = changedTypes[:0]
+		for _, cond := range conds {
+			if containsType(changedTypes, cond.Type) {
+				continue
+			}
+			if Set(status, cond, t) {
+				changedTypes = append(changedTypes, cond.Type)
+			}
+		}
+		if len(changedTypes) == 0 {
 			return nil, nil
 		}
-		return json.Marshal(newStatusPatch(cur, "", status, []corev1.PodConditionType{cond.Type}))
+		return json.Marshal(newStatusPatch(cur, "", status, changedTypes))
 	}, types.StrategicMergePatchType, "status")
+	if !ok {
+		return nil, err
+	}
+	return changedTypes, err
 }
 
 // EnsurePodPhase moves pod to the terminal phase (Failed or Succeeded), with

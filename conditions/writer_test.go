@@ -106,6 +106,13 @@ func ensureAnnotation(key, value string) call {
 	}
 }
 
+func ensureConditions(conds ...corev1.PodCondition) call {
+	return func(ctx context.Context, c PodPatcher, p *corev1.Pod) (bool, error) {
+		written, err := EnsurePodConditions(ctx, c, p, fixedNow, conds...)
+		return len(written) > 0, err
+	}
+}
+
 func TestWriters(t *testing.T) {
 	const (
 		oomJSON    = `{"type":"coroner.dev/OOMKilled","status":"True","lastTransitionTime":"2026-01-02T03:04:05Z","reason":"MemoryLimitExceeded","message":"container main exceeded its memory limit"}`
@@ -153,6 +160,41 @@ func TestWriters(t *testing.T) {
 					t.Errorf("stored conditions (-want +got):\n%s", diff)
 				}
 			},
+		},
+		{
+			name:        "two conditions: one status patch with both",
+			stored:      runningPod(),
+			call:        ensureConditions(oomCondition, zombieCondition),
+			wantChanged: true,
+			wantPatches: []recordedPatch{{ns, pod, types.StrategicMergePatchType,
+				`{"metadata":{"resourceVersion":"10","uid":"uid-1"},"status":{"conditions":[` + oomJSON + `,` + zombieJSON + `]}}`, statusSub}},
+			check: func(t *testing.T, p *corev1.Pod) {
+				if !IsTrue(&p.Status, OOMKilled) || !IsTrue(&p.Status, ForcefullyTerminated) {
+					t.Errorf("stored conditions = %v, want both", p.Status.Conditions)
+				}
+			},
+		},
+		{
+			name:        "two conditions, one already there: the patch carries the other only",
+			stored:      withCondition(runningPod(), oomCondition),
+			call:        ensureConditions(oomCondition, zombieCondition),
+			wantChanged: true,
+			wantPatches: []recordedPatch{{ns, pod, types.StrategicMergePatchType,
+				`{"metadata":{"resourceVersion":"10","uid":"uid-1"},"status":{"conditions":[` + zombieJSON + `]}}`, statusSub}},
+		},
+		{
+			name:        "a type given twice: the first is written",
+			stored:      runningPod(),
+			call:        ensureConditions(oomCondition, corev1.PodCondition{Type: OOMKilled, Status: corev1.ConditionFalse, Reason: "Other"}),
+			wantChanged: true,
+			wantPatches: []recordedPatch{{ns, pod, types.StrategicMergePatchType,
+				`{"metadata":{"resourceVersion":"10","uid":"uid-1"},"status":{"conditions":[` + oomJSON + `]}}`, statusSub}},
+		},
+		{
+			name:        "both conditions already there: no API call",
+			stored:      withCondition(withCondition(runningPod(), oomCondition), zombieCondition),
+			call:        ensureConditions(oomCondition, zombieCondition),
+			wantChanged: false,
 		},
 		{
 			name: "changed reason: patch keeps lastTransitionTime",

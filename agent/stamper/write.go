@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -151,13 +152,21 @@ func (s *Stamper) apply(ctx context.Context, pod *corev1.Pod, w work) (written, 
 		// condition comes with the next decision) or already had it all. The other
 		// conditions go on their own below, which writes nothing when they are there.
 	}
-	for i, c := range others {
-		changed, err := conditions.EnsurePodCondition(ctx, s.cfg.Patcher, pod, c.cond, now)
-		if err != nil {
-			return written, pending(i), err
+	// The conditions without a phase: one patch for all of them (a device verdict's
+	// DisruptionTarget and coroner.dev/DeviceFailed land together).
+	if len(others) > 0 {
+		all := make([]corev1.PodCondition, 0, len(others))
+		for _, c := range others {
+			all = append(all, c.cond)
 		}
-		if changed {
-			written = append(written, c.reqs...)
+		types, err := conditions.EnsurePodConditions(ctx, s.cfg.Patcher, pod, now, all...)
+		if err != nil {
+			return written, pending(0), err
+		}
+		for _, c := range others {
+			if slices.Contains(types, c.cond.Type) {
+				written = append(written, c.reqs...)
+			}
 		}
 	}
 
