@@ -30,10 +30,16 @@ package ledger
 // The agent feeds the new source's stream to its Learn method the way it feeds the
 // kernel's to LearnKill (agent/kernel.go). The containers, the work items and their
 // claims (ledger.go, events.go, items.go) do not change.
+//
+// The second source, device health and drivers' hardware faults, is devices.go: its state
+// records (a map by pod, container and device) and its events (recent driver faults by
+// device ID) live here beside the kernel's kills, its Learn methods are ObserveDevices,
+// LearnAllocation and LearnFault, and its verdict takes facts of its own (DeviceFacts).
 
 import (
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/coroner-dev/coroner/agent/cgroup"
@@ -53,11 +59,23 @@ type evidence struct {
 	// kernel are the kernel's recent OOM kills, matched to containers by
 	// classify.ClassifyOOM (by cgroup and PID) when one is classified.
 	kernel recent[kmsg.OOMKill]
+	// devices are the device health states by pod, container and device (devices.go),
+	// devicePods when each pod holding devices was first seen.
+	devices    map[DeviceKey]deviceState
+	devicePods map[types.UID]time.Time
+	// faults are the hardware faults devices' drivers logged, by device ID (devices.go).
+	faults recent[DriverFault]
 }
 
-// expire forgets the evidence past its TTL.
+func newEvidence() evidence {
+	return evidence{devices: map[DeviceKey]deviceState{}, devicePods: map[types.UID]time.Time{}}
+}
+
+// expire forgets the evidence past its TTL (device states go with their pods:
+// Ledger.expireDevicesLocked).
 func (e *evidence) expire(now time.Time) {
 	e.kernel.trim(now, KernelTTL)
+	e.faults.trim(now, FaultTTL)
 }
 
 // addFacts copies the evidence a classification reads into its facts.

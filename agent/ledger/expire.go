@@ -16,12 +16,13 @@ const ContainerTTL = 5 * time.Minute
 // Expire forgets the containers done for longer than ContainerTTL, the runtime's states of
 // pods that neither have a container still remembered nor are among cached (the UIDs of
 // the pods the caller's cache holds, by metadata.uid and by the UID the runtime knows
-// them by), and the evidence past its TTL.
+// them by), the device evidence of pods that are neither, and the evidence past its TTL.
+// A container whose device verdict is pending stays.
 func (l *Ledger) Expire(now time.Time, cached []types.UID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for id, c := range l.containers {
-		if !c.doneAt.IsZero() && now.Sub(c.doneAt) > ContainerTTL {
+		if !c.doneAt.IsZero() && now.Sub(c.doneAt) > ContainerTTL && c.device != devicePending {
 			delete(l.containers, id)
 		}
 	}
@@ -37,5 +38,6 @@ func (l *Ledger) Expire(now time.Time, cached []types.UID) {
 			delete(l.observed, uid)
 		}
 	}
+	l.expireDevicesLocked(live)
 	l.evidence.expire(now)
 }

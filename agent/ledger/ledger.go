@@ -16,11 +16,14 @@
 //   - an event: Observe (the identity, and the cgroups to read), then, for Started, OOM
 //     and Exited (Reads), Record with the cgroups read, which says what is to be
 //     classified (an Exit or an OOM item);
-//   - the kernel's kills: LearnKill;
+//   - the kernel's kills: LearnKill; drivers' device faults: LearnFault;
+//   - a device verdict on an exit (devices.go): StartDevice, DevicePending, DeviceFacts,
+//     FinishDevice;
 //   - a work item: Pending, AwaitPod / PodConfirmed / Drop while its pod is looked for,
 //     Snapshot, then KernelWait (wait once for late evidence) or FinishExit / FinishOOM,
 //     which claim the item;
-//   - a pod: Observed (the runtime's word on its containers), Forget (deleted);
+//   - a pod: Observed (the runtime's word on its containers), ObserveDevices (its
+//     devices' health), LearnAllocation (the kubelet's PodResources), Forget (deleted);
 //   - once a minute: Expire.
 package ledger
 
@@ -114,6 +117,9 @@ type container struct {
 	podChecked bool
 	// doneAt is when nothing more was to be done (for Expire).
 	doneAt time.Time
+	// device is where the device verdict on the exit stands (devices.go): none, pending
+	// or done.
+	device uint8
 }
 
 // observedState is a container's state as the runtime reports it, for Observed.
@@ -128,6 +134,7 @@ func New(pids classify.PIDFacts) *Ledger {
 	return &Ledger{
 		containers: map[string]*container{},
 		observed:   map[types.UID]map[string]observedState{},
+		evidence:   newEvidence(),
 		pids:       pids,
 	}
 }

@@ -24,11 +24,12 @@ func (l *Ledger) Observed(uids ...types.UID) []classify.ContainerState {
 	return out
 }
 
-// Forget forgets the runtime's states of deleted pods.
+// Forget forgets the runtime's states and the device evidence of deleted pods.
 func (l *Ledger) Forget(uids ...types.UID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, uid := range uids {
 		delete(l.observed, uid)
+		l.forgetDevicesLocked(uid)
 	}
 }
