@@ -4,8 +4,8 @@ package classify
 // the agent gathers the facts (the health the kubelet reports in the pod's
 // status.containerStatuses[].allocatedResourcesStatus, with the time the agent first saw
 // each health; the hardware faults the driver logged for the container's devices) and
-// writes the stamps. Not wired into the agent yet: the ledger's evidence seam
-// (agent/ledger/evidence.go) is where the facts will be kept.
+// writes the stamps (StampsForDevice, devicestamp.go). The facts are kept in the ledger's
+// evidence (agent/ledger/devices.go); the agent judges in agent/devices.go.
 
 import (
 	"cmp"
