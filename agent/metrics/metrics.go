@@ -6,7 +6,8 @@
 // Label values:
 //
 //	kind     the stamp's kind (agent/classify.Kind): LimitOOM, NodeOOM,
-//	         TerminationByKubelet, TerminalPhase, ExitHistory
+//	         TerminationByKubelet, TerminalPhase, ExitHistory, DeviceFailure (DisruptionTarget),
+//	         DeviceVerdict (coroner.dev/DeviceFailed)
 //	reason   the stamp's reason (classify.Stamp.Reason): MemoryLimitExceeded, NodeOOMKill,
 //	         the kubelet's status.reason (Evicted, Terminated, NodeShutdown, Preempting),
 //	         Failed or Succeeded for TerminalPhase, Recorded or Replaced for ExitHistory
@@ -123,6 +124,18 @@ type Metrics struct {
 	// is retried with backoff.
 	WriteErrors prometheus.Counter
 
+	// DeviceVerdicts (coroner_agent_device_verdicts_total) counts the device verdicts on
+	// container deaths of pods holding devices (agent/classify.DecideDevice), restarts in
+	// place included. Labels: resource (the failed device's; for none, each resource the
+	// container held, "unknown" when none is known), signal (kubelet, driver, none).
+	DeviceVerdicts *prometheus.CounterVec
+
+	// DeviceLatency (coroner_agent_device_verdict_latency_seconds, histogram) is the time
+	// from the later of the container's death and its device's turn to Unhealthy (or the
+	// driver's fault) to the written coroner.dev/DeviceFailed condition; for signal none
+	// from the death (it includes the window). Label: signal.
+	DeviceLatency *prometheus.HistogramVec
+
 	// PodWrites counts the pod patches the stamper sends (phase and conditions, the exit
 	// history annotation; all through pods/status), failed ones included. Beside Stamps it
 	// says how many API writes a stamp costs (the batch period merges a pod's stamps).
@@ -136,7 +149,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		Stamps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: Subsystem,
 			Name: "stamps_total",
-			Help: "Stamps written on pods. kind: LimitOOM, NodeOOM, TerminationByKubelet, TerminalPhase, ExitHistory; reason: the condition's reason, the kubelet's status.reason, the phase, or Recorded/Replaced for ExitHistory.",
+			Help: "Stamps written on pods. kind: LimitOOM, NodeOOM, TerminationByKubelet, TerminalPhase, ExitHistory, DeviceFailure, DeviceVerdict; reason: the condition's reason, the kubelet's status.reason, the phase, or Recorded/Replaced for ExitHistory.",
 		}, []string{"kind", "reason"}),
 		DetectionLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Subsystem: Subsystem,
@@ -196,6 +209,17 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "pod_write_errors_total",
 			Help: "Failed pod writes; each is retried with backoff.",
 		}),
+		DeviceVerdicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name: "device_verdicts_total",
+			Help: "Device verdicts on container deaths of pods holding devices. resource: the failed device's (for none each resource held, unknown when not known); signal: kubelet (allocatedResourcesStatus), driver (a hardware Xid), none.",
+		}, []string{"resource", "signal"}),
+		DeviceLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Subsystem: Subsystem,
+			Name:    "device_verdict_latency_seconds",
+			Help:    "Time from the later of the container's death and its device turning Unhealthy (or the driver's fault) to the written coroner.dev/DeviceFailed condition; for signal none from the death (includes --device-window). signal: kubelet, driver, none.",
+			Buckets: LatencyBuckets,
+		}, []string{"signal"}),
 		PodWrites: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: Subsystem,
 			Name: "pod_writes_total",
@@ -203,7 +227,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.Stamps, m.DetectionLatency, m.ObserveLatency, m.WriteLatency, m.RuntimeConnected, m.IgnoredContainers,
-		m.UnknownOOM, m.Fenced, m.FenceStoppedContainers, m.ContainerExits, m.DroppedEvents, m.WriteErrors, m.PodWrites)
+		m.UnknownOOM, m.Fenced, m.FenceStoppedContainers, m.ContainerExits, m.DroppedEvents, m.WriteErrors, m.PodWrites,
+		m.DeviceVerdicts, m.DeviceLatency)
 	return m
 }
 
@@ -244,6 +269,23 @@ func (m *Metrics) Exit(verdict string) {
 		verdict = VerdictNotOOM
 	}
 	m.ContainerExits.WithLabelValues(verdict).Inc()
+}
+
+// DeviceVerdict records a device verdict.
+func (m *Metrics) DeviceVerdict(resource, signal string) {
+	if m == nil {
+		return
+	}
+	m.DeviceVerdicts.WithLabelValues(resource, signal).Inc()
+}
+
+// DeviceStamped records a written device verdict's latency (negative, from clock skew, as
+// 0).
+func (m *Metrics) DeviceStamped(signal string, latencySeconds float64) {
+	if m == nil {
+		return
+	}
+	m.DeviceLatency.WithLabelValues(signal).Observe(max(latencySeconds, 0))
 }
 
 // Dropped records an event left alone for reason.

@@ -31,9 +31,13 @@ func TestNames(t *testing.T) {
 	m.Written("LimitOOM", 0.15)
 	m.Exit("")
 	m.Dropped(DroppedOtherNode)
+	m.DeviceVerdict("nvidia.com/gpu", "driver")
+	m.DeviceStamped("driver", 0.1)
 	want := []string{
 		"coroner_agent_container_exits_total",
 		"coroner_agent_detection_latency_seconds",
+		"coroner_agent_device_verdict_latency_seconds",
+		"coroner_agent_device_verdicts_total",
 		"coroner_agent_dropped_events_total",
 		"coroner_agent_fence_stopped_containers_total",
 		"coroner_agent_fenced",

@@ -83,6 +83,10 @@ type Request struct {
 	// stage (EventTime to ObservedTime) and the write stage (ObservedTime to the patch).
 	// Zero: not recorded, neither stage is.
 	ObservedTime time.Time
+	// DeviceSignal, on the request of a device verdict's coroner.dev/DeviceFailed stamp,
+	// is the verdict's signal (kubelet, driver, none): its written stamp records the
+	// device verdict's latency from EventTime.
+	DeviceSignal string
 }
 
 // Config configures a Stamper. Patcher and Lookup are required.

@@ -202,6 +202,9 @@ func (s *Stamper) stamped(logger klog.Logger, pod *corev1.Pod, r Request, at tim
 	} else if s.cfg.Metrics != nil {
 		s.cfg.Metrics.Stamps.WithLabelValues(string(st.Kind), st.Reason).Inc()
 	}
+	if r.DeviceSignal != "" && !r.EventTime.IsZero() {
+		s.cfg.Metrics.DeviceStamped(r.DeviceSignal, latency.Seconds())
+	}
 	observed, observedOK, written, writtenOK := stages(r, at)
 	if observedOK {
 		s.cfg.Metrics.Observed(string(st.Kind), observed.Seconds())
@@ -211,8 +214,8 @@ func (s *Stamper) stamped(logger klog.Logger, pod *corev1.Pod, r Request, at tim
 	}
 	logger.Info("Stamped pod", "kind", st.Kind, "reason", st.Reason, "cause", conditions.CauseOfDeath(afterStamp(pod, st)).String(),
 		"latency", latency, "observed", observed, "written", written, "message", st.Message)
-	if s.cfg.Recorder == nil || st.Kind == classify.KindExitHistory {
-		return
+	if s.cfg.Recorder == nil || st.Kind == classify.KindExitHistory || st.Kind == classify.KindDeviceFailure {
+		return // a device failure's Event is its DeviceFailed stamp's, written with it
 	}
 	eventType := corev1.EventTypeWarning
 	msg := st.Message
