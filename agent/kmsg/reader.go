@@ -86,7 +86,7 @@ func ParseUptime(content string, now time.Time) (time.Time, error) {
 
 // Reader reads kernel log records from an io.Reader (the file Open returns,
 // or any text of /dev/kmsg records or dmesg lines) and sends the OOM kills
-// they report.
+// they report, and, with Xids set, the NVIDIA driver's Xid reports.
 //
 // Only kernel records are read: a /dev/kmsg record whose facility is not 0
 // (kern) was written by a user-space program and is skipped, so that nothing
@@ -106,7 +106,12 @@ type Reader struct {
 	// backlog is taken as read (CaughtUp). Default 50ms.
 	BacklogIdle time.Duration
 
+	// Xids, when not nil, receives the NVIDIA Xid reports read (in the order logged),
+	// beside the OOM kills on Run's out.
+	Xids chan<- XidReport
+
 	asm      Assembler
+	badXids  atomic.Uint64
 	lost     atomic.Uint64
 	records  atomic.Uint64
 	caughtUp chan struct{}
@@ -187,6 +192,18 @@ func (r *Reader) Run(ctx context.Context, out chan<- OOMKill) error {
 		return nil
 	}
 
+	line1 := func(l string) error {
+		kills, x, ok := r.add(l)
+		if ok && r.Xids != nil {
+			select {
+			case r.Xids <- x:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return emit(kills)
+	}
+
 	buf := make([]byte, 16<<10) // more than a record: a smaller read fails with EINVAL
 	var line []byte
 	for {
@@ -206,7 +223,7 @@ func (r *Reader) Run(ctx context.Context, out chan<- OOMKill) error {
 				if i < 0 {
 					break
 				}
-				if err := emit(r.add(string(line[:i]))); err != nil {
+				if err := line1(string(line[:i])); err != nil {
 					return err
 				}
 				line = line[i+1:]
@@ -237,7 +254,7 @@ func (r *Reader) Run(ctx context.Context, out chan<- OOMKill) error {
 			}
 		case errors.Is(err, io.EOF):
 			if len(line) > 0 {
-				if err := emit(r.add(string(line))); err != nil {
+				if err := line1(string(line)); err != nil {
 					return err
 				}
 			}
@@ -251,15 +268,19 @@ func (r *Reader) Run(ctx context.Context, out chan<- OOMKill) error {
 	}
 }
 
-// add parses one line and feeds it to the assembler.
-func (r *Reader) add(line string) []OOMKill {
+// add parses one line and feeds it to the assembler; with Xids set, an Xid report in it
+// is returned too.
+func (r *Reader) add(line string) (kills []OOMKill, x XidReport, xidOK bool) {
 	rec, ok := ParseLine(line)
 	if !ok {
-		return nil
+		return nil, XidReport{}, false
 	}
 	r.records.Add(1)
 	if rec.Facility > 0 {
-		return nil
+		return nil, XidReport{}, false
 	}
-	return r.asm.Add(rec)
+	if r.Xids != nil {
+		x, xidOK = r.xid(rec)
+	}
+	return r.asm.Add(rec), x, xidOK
 }
