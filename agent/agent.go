@@ -80,6 +80,21 @@ type Config struct {
 	// wait before they are classified, so that a kill logged while the agent was not
 	// running is there to attribute them. Nil: no wait.
 	KernelCaughtUp <-chan struct{}
+	// Xids, when not nil, delivers the NVIDIA driver's Xid reports from the kernel log
+	// (kmsg.Reader.Xids); a hardware Xid of a GPU a container holds is evidence of a
+	// device failure (devices.go).
+	Xids <-chan kmsg.XidReport
+	// NvidiaGPUsDir is the NVIDIA driver's GPU list (nvidia.GPUsDir), which maps an Xid's
+	// PCI address to the GPU's UUID, the device ID of NVIDIA's device plugin; empty: Xids
+	// are not mapped, and blame no device.
+	NvidiaGPUsDir string
+	// PodResources, when not nil, says which devices the kubelet allocated to a
+	// container whose pod's status does not (asked on a device-holding container's
+	// death only).
+	PodResources PodResourcesLister
+	// DeviceWindow is how long after a container's death a device turning Unhealthy, or
+	// a hardware fault logged, still explains it; default DefaultDeviceWindow.
+	DeviceWindow time.Duration
 	// CgroupRoot is where the cgroup hierarchies are mounted (/sys/fs/cgroup); empty
 	// means do not read cgroups.
 	CgroupRoot string
@@ -173,6 +188,11 @@ type Agent struct {
 	draining atomic.Bool
 	// busy counts the work items being processed (the queue's Len counts the waiting).
 	busy atomic.Int32
+
+	// gpus maps NVIDIA GPUs' PCI addresses to their UUIDs (gpus.go).
+	gpus *gpuMap
+	// podResourcesOnce says once that the kubelet's PodResources socket is missing.
+	podResourcesOnce sync.Once
 }
 
 // New builds an Agent; nothing runs until Run.
@@ -195,6 +215,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.KernelWait <= 0 {
 		cfg.KernelWait = DefaultKernelWait
 	}
+	if cfg.DeviceWindow <= 0 {
+		cfg.DeviceWindow = DefaultDeviceWindow
+	}
 	if cfg.PodCacheWait <= 0 {
 		cfg.PodCacheWait = DefaultPodCacheWait
 	}
@@ -215,6 +238,7 @@ func New(cfg Config) (*Agent, error) {
 		gone:       map[types.UID]goneRecord{},
 		reasonSeen: map[types.UID]time.Time{},
 		history:    exithistory.Limits{MaxEntries: cfg.ExitHistorySize},
+		gpus:       &gpuMap{dir: cfg.NvidiaGPUsDir},
 	}
 	// Nothing to wait for without a kernel log or without a backlog signal.
 	a.kernelReady.Store(cfg.Kernel == nil || cfg.KernelCaughtUp == nil)
@@ -309,7 +333,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer a.broadcaster.Shutdown()
 	}
 	logger.Info("Starting the node agent", "node", a.cfg.NodeName, "phaseGrace", a.cfg.PhaseGrace,
-		"cgroupRoot", a.cfg.CgroupRoot, "kernelLog", a.cfg.Kernel != nil, "fencing", a.fencer != nil)
+		"cgroupRoot", a.cfg.CgroupRoot, "kernelLog", a.cfg.Kernel != nil, "fencing", a.fencer != nil,
+		"deviceWindow", a.cfg.DeviceWindow, "xids", a.cfg.Xids != nil, "podResources", a.cfg.PodResources != nil)
 
 	var wg sync.WaitGroup
 	informerCtx, stopInformer := context.WithCancel(ctx)
@@ -340,7 +365,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	events := a.cfg.Source.Events(ctx)
 	goFunc(func() { a.consumeEvents(ctx, events) })
-	if a.cfg.Kernel != nil {
+	if a.cfg.Kernel != nil || a.cfg.Xids != nil {
+		if a.cfg.Xids != nil {
+			a.gpus.load(logger, a.clock.Now())
+		}
 		goFunc(func() { a.consumeKernel(ctx) })
 	}
 	goFunc(func() { a.stamper.Run(workCtx) })

@@ -1,8 +1,8 @@
 package agent
 
-// The kernel's OOM kills in: the kernel log reader's feed into the ledger (its evidence),
-// and the mark that its backlog has been read (kernelReady), which classifications wait
-// for (work.go).
+// The kernel's OOM kills and NVIDIA Xid reports in: the kernel log reader's feed into the
+// ledger (its evidence; Xids through gpus.go), and the mark that its backlog has been read
+// (kernelReady), which classifications wait for (work.go, devices.go).
 
 import (
 	"context"
@@ -10,13 +10,14 @@ import (
 	"github.com/coroner-dev/coroner/agent/kmsg"
 )
 
-// consumeKernel keeps the kernel's OOM kills until ctx is done. (An OOM kill whose line
+// consumeKernel keeps the kernel's OOM kills and Xid reports until ctx is done. (An OOM kill whose line
 // has not been read yet when it is classified waits for it once: see Config.KernelWait.)
 // When Config.KernelCaughtUp is closed, the kills already buffered (the rest of the
 // backlog) are taken at once, then the agent is kernelReady.
 func (a *Agent) consumeKernel(ctx context.Context) {
 	caughtUp := a.cfg.KernelCaughtUp
-	var backlog int
+	xids := a.cfg.Xids
+	var backlog, backlogXids int
 	defer a.setKernelReady()
 	for {
 		select {
@@ -32,12 +33,19 @@ func (a *Agent) consumeKernel(ctx context.Context) {
 					}
 					a.addKill(k)
 					backlog++
+				case x, ok := <-xids:
+					if !ok {
+						xids = nil
+						continue
+					}
+					a.addXid(x)
+					backlogXids++
 				default:
 					drained = true
 				}
 			}
 			a.setKernelReady()
-			a.logger.Info("Read the kernel log's backlog", "oomKills", backlog)
+			a.logger.Info("Read the kernel log's backlog", "oomKills", backlog, "xids", backlogXids)
 		case k, ok := <-a.cfg.Kernel:
 			if !ok {
 				return
@@ -45,6 +53,15 @@ func (a *Agent) consumeKernel(ctx context.Context) {
 			a.addKill(k)
 			if caughtUp != nil {
 				backlog++
+			}
+		case x, ok := <-xids:
+			if !ok {
+				xids = nil
+				continue
+			}
+			a.addXid(x)
+			if caughtUp != nil {
+				backlogXids++
 			}
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/coroner-dev/coroner/agent/nvidia"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/cri"
 )
@@ -29,6 +30,9 @@ type Options struct {
 	RelistPeriod        time.Duration
 	CgroupRoot          string
 	KmsgPath            string
+	NvidiaGPUsDir       string
+	PodResourcesSocket  string
+	DeviceWindow        time.Duration
 	PhaseGrace          time.Duration
 	ExitHistorySize     int
 	StampBatchPeriod    time.Duration
@@ -62,6 +66,9 @@ func NewOptions() *Options {
 		RelistPeriod:        time.Second,
 		CgroupRoot:          "/sys/fs/cgroup",
 		KmsgPath:            "/dev/kmsg",
+		NvidiaGPUsDir:       nvidia.GPUsDir,
+		PodResourcesSocket:  DefaultPodResourcesSocket,
+		DeviceWindow:        DefaultDeviceWindow,
 		PhaseGrace:          5 * time.Second,
 		ExitHistorySize:     10,
 		StampBatchPeriod:    100 * time.Millisecond,
@@ -90,6 +97,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.RelistPeriod, "relist-period", o.RelistPeriod, "How often to relist containers when the runtime has no GetContainerEvents stream.")
 	fs.StringVar(&o.CgroupRoot, "cgroup-root", o.CgroupRoot, "Where the cgroup hierarchies are mounted, to read containers' memory counters (OOM evidence); empty turns cgroup reading off.")
 	fs.StringVar(&o.KmsgPath, "kmsg-path", o.KmsgPath, "The kernel log device, to read the kernel's OOM kill reports (which cgroup hit its limit); needs CAP_SYSLOG; empty turns it off.")
+	fs.StringVar(&o.NvidiaGPUsDir, "nvidia-gpus-dir", o.NvidiaGPUsDir, "The NVIDIA driver's GPU list (one directory per PCI address, with an information file), which maps the PCI address of an Xid in the kernel log to the GPU's UUID, the device ID of NVIDIA's device plugin; a hardware Xid then blames the GPU of the container holding it. A missing directory means no NVIDIA driver (said once); empty turns Xids off. procfs's /proc/driver is the host's in any container, so no mount is needed.")
+	fs.StringVar(&o.PodResourcesSocket, "pod-resources-socket", o.PodResourcesSocket, "The kubelet's PodResources API socket, asked which device IDs a dying container holds when its pod's status does not list them (no allocatedResourcesStatus: the kubelet's ResourceHealthStatus feature off, or a kubelet before 1.36). Asked only then, never at rest; a missing socket is said once. Empty turns it off.")
+	fs.DurationVar(&o.DeviceWindow, "device-window", o.DeviceWindow, "How long after a container's death (non-zero exit) one of its devices turning Unhealthy, or a hardware Xid on its GPU, still explains the death: the program often dies of the fault before the device plugin reports it. The pod's coroner.dev/DeviceFailed=False (no device to blame) comes when it is over. Between 1s and 2m.")
 	fs.DurationVar(&o.PhaseGrace, "phase-grace", o.PhaseGrace, "How long a deleted pod whose containers all exited may keep phase Running before the agent sets a terminal phase (the kubelet's chance to do it first).")
 	fs.IntVar(&o.ExitHistorySize, "exit-history-size", o.ExitHistorySize, "How many container exits to keep in the coroner.dev/exit-history annotation of restarting pods.")
 	fs.DurationVar(&o.StampBatchPeriod, "stamp-batch-period", o.StampBatchPeriod, "How long a pod's first pending stamp waits for others of the same pod: at most one write per pod per period.")
@@ -149,6 +159,15 @@ func (o *Options) Validate() error {
 	}
 	if o.KmsgPath != "" && !strings.HasPrefix(o.KmsgPath, "/") {
 		errs = append(errs, fmt.Errorf("--kmsg-path=%q: want an absolute path (or empty for off)", o.KmsgPath))
+	}
+	if o.NvidiaGPUsDir != "" && !strings.HasPrefix(o.NvidiaGPUsDir, "/") {
+		errs = append(errs, fmt.Errorf("--nvidia-gpus-dir=%q: want an absolute path (or empty for off)", o.NvidiaGPUsDir))
+	}
+	if o.PodResourcesSocket != "" && !strings.HasPrefix(o.PodResourcesSocket, "/") {
+		errs = append(errs, fmt.Errorf("--pod-resources-socket=%q: want an absolute path (or empty for off)", o.PodResourcesSocket))
+	}
+	if o.DeviceWindow < time.Second || o.DeviceWindow > 2*time.Minute {
+		errs = append(errs, fmt.Errorf("--device-window=%v: must be between 1s and 2m", o.DeviceWindow))
 	}
 	if o.StampBatchPeriod < 10*time.Millisecond || o.StampBatchPeriod > 10*time.Second {
 		errs = append(errs, fmt.Errorf("--stamp-batch-period=%v: must be between 10ms and 10s", o.StampBatchPeriod))

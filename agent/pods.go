@@ -1,7 +1,8 @@
 package agent
 
 // The pod cache's events in: a pod that may need a pod-level decision (being deleted, or
-// ended by its kubelet) queues one (work.go); a deleted pod is forgotten.
+// ended by its kubelet) queues one (work.go); a device-holding pod's device health goes to
+// the ledger (devices.go); a deleted pod is forgotten.
 
 import (
 	corev1 "k8s.io/api/core/v1"
@@ -19,6 +20,7 @@ func (a *Agent) podChanged(obj any) {
 	if pod.Status.Reason != "" {
 		a.seeReason(pod.UID, a.clock.Now())
 	}
+	a.observeDevices(pod)
 	if pod.DeletionTimestamp != nil || pod.Status.Reason != "" {
 		a.queue.Add(podItem(pod.UID))
 	}

@@ -19,6 +19,10 @@ const (
 	itemOOM
 	// itemPod: the pod-level decision, A3 and A4 (id: pod UID).
 	itemPod
+	// itemDevice: the device verdict on a container's exit (id: container ID).
+	itemDevice
+	// itemDevicePod: the device verdict of a Failed pod, from its status (id: pod UID).
+	itemDevicePod
 )
 
 func (k itemKind) String() string {
@@ -27,6 +31,10 @@ func (k itemKind) String() string {
 		return "exit"
 	case itemOOM:
 		return "oom"
+	case itemDevice:
+		return "device"
+	case itemDevicePod:
+		return "device-pod"
 	}
 	return "pod"
 }
@@ -44,6 +52,12 @@ func containerItem(k ledger.Item, containerID string) item {
 	}
 	return item{kind: itemOOM, id: containerID}
 }
+
+// deviceItem is the work item of a container's device verdict.
+func deviceItem(containerID string) item { return item{kind: itemDevice, id: containerID} }
+
+// devicePodItem is the work item of a Failed pod's device verdict from its status.
+func devicePodItem(uid types.UID) item { return item{kind: itemDevicePod, id: string(uid)} }
 
 // podItem is the work item of a pod-level decision.
 func podItem(uid types.UID) item { return item{kind: itemPod, id: string(uid)} }

@@ -127,12 +127,23 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 
 	var kernel chan kmsg.OOMKill
 	var kernelCaughtUp <-chan struct{}
+	var xids chan kmsg.XidReport
 	if opts.KmsgPath != "" {
-		if k, up, err := startKernelLog(ctx, opts.KmsgPath); err != nil {
-			logger.Error(err, "Cannot read the kernel log; OOM kills are classified without the kernel's reports", "path", opts.KmsgPath)
+		if opts.NvidiaGPUsDir != "" {
+			xids = make(chan kmsg.XidReport, 64)
+		}
+		if k, up, err := startKernelLog(ctx, opts.KmsgPath, xids); err != nil {
+			logger.Error(err, "Cannot read the kernel log; OOM kills are classified without the kernel's reports, and no Xid blames a GPU", "path", opts.KmsgPath)
+			xids = nil
 		} else {
 			kernel, kernelCaughtUp = k, up
 		}
+	}
+	var podResources PodResourcesLister
+	if opts.PodResourcesSocket != "" {
+		c := NewPodResourcesClient(opts.PodResourcesSocket, nil)
+		defer c.Close()
+		podResources = c
 	}
 	cgroupRoot := opts.CgroupRoot
 	if cgroupRoot != "" {
@@ -173,6 +184,10 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		Source:          watcher,
 		Kernel:          kernel,
 		KernelCaughtUp:  kernelCaughtUp,
+		Xids:            xids,
+		NvidiaGPUsDir:   opts.NvidiaGPUsDir,
+		PodResources:    podResources,
+		DeviceWindow:    opts.DeviceWindow,
 		CgroupRoot:      cgroupRoot,
 		PhaseGrace:      opts.PhaseGrace,
 		ExitHistorySize: opts.ExitHistorySize,
@@ -204,10 +219,11 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 	return a.Run(ctx)
 }
 
-// startKernelLog opens the kernel log at its oldest record and sends its OOM kills until
-// ctx is done; the channel returned second is closed once the backlog (the kills logged
-// before the start, while the agent was not running) has been sent.
-func startKernelLog(ctx context.Context, path string) (chan kmsg.OOMKill, <-chan struct{}, error) {
+// startKernelLog opens the kernel log at its oldest record and sends its OOM kills (and,
+// with xids, its NVIDIA Xid reports) until ctx is done; the channel returned second is
+// closed once the backlog (the kills logged before the start, while the agent was not
+// running) has been sent.
+func startKernelLog(ctx context.Context, path string, xids chan<- kmsg.XidReport) (chan kmsg.OOMKill, <-chan struct{}, error) {
 	f, err := kmsg.OpenFromOldest(path)
 	if err != nil {
 		return nil, nil, err
@@ -217,6 +233,7 @@ func startKernelLog(ctx context.Context, path string) (chan kmsg.OOMKill, <-chan
 		boot = time.Time{} // kill times unknown; kills are matched by cgroup and PID
 	}
 	r := kmsg.NewReader(f, boot)
+	r.Xids = xids
 	out := make(chan kmsg.OOMKill, 256)
 	logger := klog.FromContext(ctx)
 	go func() {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/coroner-dev/coroner/agent/classify"
+	"github.com/coroner-dev/coroner/agent/ledger"
 	"github.com/coroner-dev/coroner/agent/stamper"
 )
 
@@ -28,6 +29,10 @@ func (a *Agent) processNext(ctx context.Context) bool {
 	switch it.kind {
 	case itemPod:
 		a.syncPod(types.UID(it.id))
+	case itemDevice:
+		a.processDevice(ctx, it.id)
+	case itemDevicePod:
+		a.processDevicePod(types.UID(it.id))
 	default:
 		a.processContainer(ctx, it)
 	}
@@ -45,7 +50,8 @@ func (a *Agent) processNext(ctx context.Context) bool {
 //  5. the item waits once for late evidence (KernelWait), or the ledger claims it
 //     (FinishExit, FinishOOM) and says what to count;
 //  6. the verdict's stamps (stamps.go) go to the stamper, and an exit queues its pod's
-//     decision (podsync.go).
+//     decision (podsync.go) and, for a pod holding devices, its device verdict
+//     (devices.go).
 //
 // An OOM kill of a container that keeps running is stamped only when its verdict is a
 // limit OOM (coroner.dev/OOMKilled: the workload went over its own limit, whether its
@@ -86,9 +92,11 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 	ref := stamper.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
 
 	var reqs []stamper.Request
+	var claim ledger.ExitClaim
 	switch it.kind {
 	case itemExit:
-		claim, ok := a.ledger.FinishExit(it.id, now, a.started, v.Kind == classify.UnknownOOM)
+		var ok bool
+		claim, ok = a.ledger.FinishExit(it.id, now, a.started, v.Kind == classify.UnknownOOM)
 		if !ok {
 			return
 		}
@@ -104,6 +112,7 @@ func (a *Agent) processContainer(ctx context.Context, it item) {
 	a.stamper.Add(reqs...)
 	if it.kind == itemExit {
 		a.queue.Add(podItem(pod.UID))
+		a.startDevice(pod, claim.Exit)
 	}
 }
 

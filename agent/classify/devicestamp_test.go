@@ -19,7 +19,7 @@ func TestStampsForDevice(t *testing.T) {
 	const gpu = "nvidia.com/gpu"
 	facts := DeviceFacts{Container: "main", ExitCode: 1, StartedAt: started, FinishedAt: finished,
 		Devices: []DeviceHealth{{Resource: gpu, ID: "GPU-a", Health: corev1.ResourceHealthStatusUnhealthy, Since: finished.Add(2 * time.Second)}},
-		Now: finished.Add(3 * time.Second), Window: 10 * time.Second}
+		Now:     finished.Add(3 * time.Second), Window: 10 * time.Second}
 	failed := DecideDevice(facts)
 	if !failed.Failed {
 		t.Fatalf("the fixture's verdict %+v is not a failure", failed)
