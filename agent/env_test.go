@@ -73,6 +73,7 @@ type testEnv struct {
 	client  *fake.Clientset
 	src     *crifake.Source
 	kernel  chan kmsg.OOMKill
+	xids    chan kmsg.XidReport // when the test's Config has one
 	patcher *countingPatcher
 	a       *Agent
 	m       *metrics.Metrics
