@@ -263,3 +263,32 @@ func TestDeviceVerdictFromStatus(t *testing.T) {
 		t.Errorf("the judged pod was written: %+v", e.pod("judged").Status.Conditions)
 	}
 }
+
+// stubPodResources answers List with fixed devices.
+type stubPodResources []AllocatedDevices
+
+func (s stubPodResources) List(context.Context) ([]AllocatedDevices, error) { return s, nil }
+
+// TestDeviceVerdictFromPodResources: a pod whose status lists no devices (the kubelet's
+// ResourceHealthStatus off) but asks for a GPU: at the death the kubelet's PodResources
+// say which GPU the container held, and a hardware Xid read before on that GPU blames it.
+func TestDeviceVerdictFromPodResources(t *testing.T) {
+	uid := types.UID("f0f0f0f0-0000-4f0f-8f0f-f0f0f0f0f0f0")
+	p := gpuPod("old-kubelet", uid, corev1.RestartPolicyNever, "main")
+	p.Status.ContainerStatuses = nil
+	xids := make(chan kmsg.XidReport, 1)
+	gpus := fakeGPUs(t)
+	lister := stubPodResources{{Namespace: ns, Pod: "old-kubelet", Container: "main", Resource: testGPU, IDs: []string{gpuA}}}
+	e := newTestEnv(t, func(c *Config) { c.Xids, c.NvidiaGPUsDir, c.PodResources = xids, gpus, lister }, p)
+	xids <- xid(t, "NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.")
+	e.until("the Xid read", func() bool { return len(xids) == 0 })
+	e.settle()
+	id := containerID(900)
+	e.src.Send(exited(p, "main", id, 1, "Error"))
+	e.stepUntil("the verdict", 100*time.Millisecond, func() bool {
+		return conditions.IsTrue(&e.pod("old-kubelet").Status, conditions.DeviceFailed)
+	})
+	if c := e.deviceCondition("old-kubelet", conditions.DeviceFailed); !strings.Contains(c.Message, gpuA) || !strings.Contains(c.Message, "code 48") {
+		t.Errorf("DeviceFailed %+v", c)
+	}
+}
