@@ -50,6 +50,9 @@ type PodOptions struct {
 	Labels      map[string]string
 	Annotations map[string]string
 	Finalizers  []string
+	// Mutate, when set, changes the Pod object before it is created (extended resources,
+	// say).
+	Mutate func(*corev1.Pod)
 }
 
 // Pod is a Pod object and its sandbox.
@@ -87,6 +90,9 @@ func (n *Node) CreatePod(ctx context.Context, namespace, name string, opts PodOp
 		}
 		obj.Spec.Containers = append(obj.Spec.Containers, spec)
 		specs[c.Name] = c
+	}
+	if opts.Mutate != nil {
+		opts.Mutate(obj)
 	}
 	created, err := n.Client.CoreV1().Pods(namespace).Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
