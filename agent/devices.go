@@ -94,7 +94,7 @@ func (a *Agent) requeueDevices(uid types.UID, containers ...string) {
 // non-zero exit of a pod that holds devices (its spec or status says so, or the ledger
 // knows devices of it).
 func (a *Agent) startDevice(pod *corev1.Pod, x cri.ContainerEvent) {
-	if x.ExitCode == 0 || !(conditions.HoldsDevices(pod) || a.ledger.HasDevices(pod.UID, "")) {
+	if x.ExitCode == 0 || !conditions.HoldsDevices(pod) && !a.ledger.HasDevices(pod.UID, "") {
 		return
 	}
 	if a.ledger.StartDevice(x.ContainerID) {

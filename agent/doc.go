@@ -19,7 +19,11 @@
 //   - the runtime's events: Started (the container's and its pod's cgroup counters and
 //     PIDs are read), OOM (containerd's /tasks/oom: counters read again) and Exited;
 //   - the kernel's OOM kills, kept for 10 minutes, matched to containers by cgroup
-//     and PID by classify.ClassifyOOM;
+//     and PID by classify.ClassifyOOM; and the NVIDIA driver's Xid reports from the same
+//     log, kept as faults of the GPU whose UUID the driver's GPU list gives (gpus.go);
+//   - the device health the kubelet reports in device-holding pods' statuses
+//     (allocatedResourcesStatus), kept per pod, container and device with when each
+//     health was first seen (devices.go);
 //   - a mirror pod index: a static pod's containers name their pod by the kubelet's
 //     config hash (the CRI label io.kubernetes.pod.uid, the cgroup's pod<hash>), which
 //     the mirror pod carries in kubernetes.io/config.mirror; the mirror pod is the one
@@ -59,6 +63,12 @@
 // of it has not been read yet, the classification waits KernelWait (250ms) once for it.
 // Then the pod-level decision runs (below), since the exit may have stopped the pod's
 // last container.
+//
+// For a pod holding devices, a non-zero exit also gets a device verdict
+// (classify.DecideDevice, devices.go): DisruptionTarget and coroner.dev/DeviceFailed,
+// reason DeviceFailure, in one write when a device it held was Unhealthy or had a hardware
+// fault, else, once the --device-window after the death is over, DeviceFailed=False
+// (NoDeviceFailure); judged again as soon as new evidence for the container comes.
 //
 // An OOM event of a container that keeps running (the kernel killed a child, not PID 1)
 // is classified the same way and stamps coroner.dev/OOMKilled when the verdict is the

@@ -13,7 +13,8 @@ import (
 )
 
 const summary = `coroner-agent: watches the container runtime on this node over CRI and stamps pods with
-why they died (DisruptionTarget, coroner.dev/OOMKilled, terminal phase) before they are deleted.
+why they died (DisruptionTarget, coroner.dev/OOMKilled, coroner.dev/DeviceFailed, terminal phase)
+before they are deleted.
 The runtime's CRI socket is found among the usual ones unless --runtime-endpoint names it;
 /readyz says whether the runtime answers, /healthz only that the agent does.
 With --fencing (requirement A6, off by default) it renews the Lease coroner-agent-<node>
