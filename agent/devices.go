@@ -210,7 +210,7 @@ func (a *Agent) deviceJudged(logger klog.Logger, pod *corev1.Pod, v classify.Dev
 	a.stamper.Add(reqs...)
 	switch {
 	case v.Failed && len(stamps) == 0:
-		logger.Info("Container died of a failed device; not stamped (restarted in place, or the pod has DisruptionTarget or DeviceFailed already)",
+		logger.Info("Container died of a failed device; not stamped (restarted in place, or the pod has a DeviceFailed verdict already)",
 			"exitCode", f.ExitCode, "resource", v.Resource, "device", v.ID, "signal", signal, "at", v.At)
 	case v.Failed:
 		logger.Info("Container died of a failed device", "exitCode", f.ExitCode, "resource", v.Resource, "device", v.ID,

