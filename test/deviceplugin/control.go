@@ -6,13 +6,17 @@ package deviceplugin
 //
 // HTTP/1.1 over a unix socket, JSON bodies:
 //
-//	GET  /devices             200 [{"id":"gpu-0","health":"Healthy","pci":"0000:10:00.0"}, ...]
-//	POST /devices/{id}/fail   200 the device, now Unhealthy; 404 if there is no such device
-//	POST /devices/{id}/heal   200 the device, now Healthy; 404 likewise
+//	GET  /devices                 200 [{"id":"GPU-0","health":"Healthy","pci":"0000:10:00.0"}, ...]
+//	POST /devices/{id}/fail       200 the device, now Unhealthy; 404 if there is no such device
+//	POST /devices/{id}/fail?xid=N 200 the same, after an Xid line for the device's PCI address
+//	                              in the kernel log ("xid" in the answer: the line); 400 for a
+//	                              bad N, 500 when the kernel log cannot be written (nothing
+//	                              changed then)
+//	POST /devices/{id}/heal       200 the device, now Healthy; 404 likewise
 //
 // Errors have a plain-text body of one line. By hand:
 //
-//	curl --unix-socket SOCKET -X POST http://plugin/devices/gpu-1/fail
+//	curl --unix-socket SOCKET -X POST 'http://plugin/devices/GPU-1/fail?xid=79'
 
 import (
 	"context"
@@ -24,6 +28,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -36,18 +41,40 @@ func ControlHandler(p *Plugin) http.Handler {
 	})
 	setHealth := func(healthy bool) http.HandlerFunc {
 		return func(w http.ResponseWriter, req *http.Request) {
-			d, err := p.SetHealth(req.PathValue("id"), healthy)
+			var res FailResult
+			var err error
+			if xid := req.URL.Query().Get("xid"); xid != "" && !healthy {
+				code, perr := strconv.Atoi(xid)
+				if perr != nil || code < MinXid || code > MaxXid {
+					http.Error(w, fmt.Sprintf("xid %q: want a number from %d to %d", xid, MinXid, MaxXid), http.StatusBadRequest)
+					return
+				}
+				res.Device, res.Xid, err = p.FailWithXid(req.PathValue("id"), code)
+			} else {
+				res.Device, err = p.SetHealth(req.PathValue("id"), healthy)
+			}
 			var unknown *UnknownDeviceError
-			if errors.As(err, &unknown) {
+			switch {
+			case errors.As(err, &unknown):
 				http.Error(w, err.Error(), http.StatusNotFound)
 				return
+			case err != nil:
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
 			}
-			writeJSON(w, d)
+			writeJSON(w, res)
 		}
 	}
 	mux.HandleFunc("POST /devices/{id}/fail", setHealth(false))
 	mux.HandleFunc("POST /devices/{id}/heal", setHealth(true))
 	return mux
+}
+
+// FailResult is the control API's answer to fail and heal: the device, and the Xid line
+// written to the kernel log, if any.
+type FailResult struct {
+	Device
+	Xid string `json:"xid,omitempty"`
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -101,20 +128,36 @@ func (c *ControlClient) List(ctx context.Context) ([]Device, error) {
 
 // Fail marks the device unhealthy and returns it.
 func (c *ControlClient) Fail(ctx context.Context, id string) (Device, error) {
-	return c.setHealth(ctx, id, "fail")
+	r, err := c.setHealth(ctx, id, "fail", 0)
+	return r.Device, err
+}
+
+// FailWithXid writes an Xid line of code for the device's PCI address to its node's
+// kernel log, then marks the device unhealthy; it returns the device and the line.
+func (c *ControlClient) FailWithXid(ctx context.Context, id string, code int) (Device, string, error) {
+	if code < MinXid || code > MaxXid {
+		return Device{}, "", fmt.Errorf("xid %d: want a number from %d to %d", code, MinXid, MaxXid)
+	}
+	r, err := c.setHealth(ctx, id, "fail", code)
+	return r.Device, r.Xid, err
 }
 
 // Heal marks the device healthy and returns it.
 func (c *ControlClient) Heal(ctx context.Context, id string) (Device, error) {
-	return c.setHealth(ctx, id, "heal")
+	r, err := c.setHealth(ctx, id, "heal", 0)
+	return r.Device, err
 }
 
-func (c *ControlClient) setHealth(ctx context.Context, id, verb string) (Device, error) {
-	var out Device
+func (c *ControlClient) setHealth(ctx context.Context, id, verb string, xid int) (FailResult, error) {
+	var out FailResult
 	if id == "" {
 		return out, errors.New("no device ID")
 	}
-	return out, c.call(ctx, http.MethodPost, "/devices/"+url.PathEscape(id)+"/"+verb, &out)
+	path := "/devices/" + url.PathEscape(id) + "/" + verb
+	if xid != 0 {
+		path += "?xid=" + strconv.Itoa(xid)
+	}
+	return out, c.call(ctx, http.MethodPost, path, &out)
 }
 
 // Close releases the client's idle connections.

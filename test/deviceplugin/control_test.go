@@ -5,6 +5,7 @@ package deviceplugin
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,7 +16,12 @@ import (
 )
 
 func TestControlRoundTrip(t *testing.T) {
-	p, _ := startRegistered(t, 2)
+	state := tempDir(t)
+	kmsg := filepath.Join(state, "kmsg")
+	if err := os.WriteFile(kmsg, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := startRegistered(t, 2, func(o *Options) { o.StateDir, o.Kmsg = state, kmsg })
 	socket := filepath.Join(tempDir(t), "control.sock")
 	l, err := ListenControl(socket)
 	if err != nil {
@@ -51,42 +57,64 @@ func TestControlRoundTrip(t *testing.T) {
 			t.Errorf("%s: the kubelet's list (-want +got):\n%s", step, diff)
 		}
 	}
-	recv("first list", "gpu-0=Healthy", "gpu-1=Healthy")
+	recv("first list", "GPU-0=Healthy", "GPU-1=Healthy")
 
 	devices, err := c.List(testContext(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff([]Device{
-		{ID: "gpu-0", Health: "Healthy", PCI: "0000:10:00.0"},
-		{ID: "gpu-1", Health: "Healthy", PCI: "0000:11:00.0"},
+		{ID: "GPU-0", Health: "Healthy", PCI: "0000:10:00.0"},
+		{ID: "GPU-1", Health: "Healthy", PCI: "0000:11:00.0"},
 	}, devices); diff != "" {
 		t.Errorf("List (-want +got):\n%s", diff)
 	}
 
-	d, err := c.Fail(testContext(t), "gpu-1")
+	d, err := c.Fail(testContext(t), "GPU-1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Device{ID: "gpu-1", Health: "Unhealthy", PCI: "0000:11:00.0"}); d != want {
+	if want := (Device{ID: "GPU-1", Health: "Unhealthy", PCI: "0000:11:00.0"}); d != want {
 		t.Errorf("Fail: %+v, want %+v", d, want)
 	}
-	recv("after Fail", "gpu-0=Healthy", "gpu-1=Unhealthy")
+	recv("after Fail", "GPU-0=Healthy", "GPU-1=Unhealthy")
 
-	if d, err = c.Heal(testContext(t), "gpu-1"); err != nil {
+	if d, err = c.Heal(testContext(t), "GPU-1"); err != nil {
 		t.Fatal(err)
 	}
 	if d.Health != "Healthy" {
 		t.Errorf("Heal: %+v, want Healthy", d)
 	}
-	recv("after Heal", "gpu-0=Healthy", "gpu-1=Healthy")
+	recv("after Heal", "GPU-0=Healthy", "GPU-1=Healthy")
 
-	for _, id := range []string{"gpu-7", "", "../devices"} {
+	d, line, err := c.FailWithXid(testContext(t), "GPU-0", 48)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Health != "Unhealthy" || !strings.HasPrefix(line, "NVRM: Xid (PCI:0000:10:00): 48, ") {
+		t.Errorf("FailWithXid: %+v, %q", d, line)
+	}
+	if b, _ := os.ReadFile(kmsg); string(b) != "<3>"+line+"\n" {
+		t.Errorf("kernel log: %q, want the line FailWithXid returned", b)
+	}
+	recv("after FailWithXid", "GPU-0=Unhealthy", "GPU-1=Healthy")
+	if _, _, err := c.FailWithXid(testContext(t), "GPU-1", 1000); err == nil {
+		t.Errorf("FailWithXid of Xid 1000: no error")
+	}
+	var res FailResult
+	if err := c.call(testContext(t), "POST", "/devices/GPU-1/fail?xid=abc", &res); err == nil || !strings.Contains(err.Error(), "400") {
+		t.Errorf("fail?xid=abc: %v, want a 400", err)
+	}
+	if p.Devices()[1].Health != "Healthy" {
+		t.Errorf("GPU-1 after refused fails: %+v", p.Devices()[1])
+	}
+
+	for _, id := range []string{"GPU-7", "", "../devices"} {
 		if _, err := c.Fail(testContext(t), id); err == nil {
 			t.Errorf("Fail(%q): no error", id)
 		}
 	}
-	if _, err := c.Fail(testContext(t), "gpu-7"); err == nil || !strings.Contains(err.Error(), "404") {
+	if _, err := c.Fail(testContext(t), "GPU-7"); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("Fail of an unknown device: %v, want a 404", err)
 	}
 }

@@ -1,5 +1,5 @@
 // Package deviceplugin is a real kubelet device plugin for coroner's tests: it serves the
-// extended resource coroner.dev/test-gpu with N devices (gpu-0, gpu-1, ...) over the device
+// extended resource coroner.dev/test-gpu with N devices (GPU-0, GPU-1, ...) over the device
 // plugin API v1beta1 and lets a test or a separate process mark a device unhealthy or healthy
 // again. Nothing below the kubelet is faked: the kubelet learns the devices' health from this
 // plugin's ListAndWatch stream exactly as from a vendor's plugin, and reports it itself in the
@@ -14,10 +14,16 @@
 //     restarts (it deletes the plugins' sockets and creates a new kubelet.sock).
 //   - inotify.go: the watch on that directory.
 //   - control.go: the control API (HTTP over a unix socket) for another process, and its client.
+//   - state.go: the files the node's other programs read (each device's health, which
+//     Allocate mounts into the container; fake NVIDIA driver information files) and the Xid
+//     line FailWithXid writes to the kernel log.
 //
 // Allocate gives each container the env vars CORONER_TEST_GPU (the allocated device IDs,
 // comma-separated) and CORONER_TEST_GPU_PCI (their fake PCI addresses in the same order, the
 // form an NVIDIA Xid kernel line names a GPU by), so a test can tell which device a pod holds.
+// Device IDs are GPU-0, GPU-1, ...: they start with "GPU-" as an NVIDIA GPU's UUID (the ID
+// NVIDIA's plugin gives) does. The PCI addresses start at Options.PCIBase: plugins whose
+// nodes share a kernel log need bases of their own.
 //
 // The kubelet's device manager listens at the fixed path
 // /var/lib/kubelet/device-plugins/kubelet.sock (pluginapi.KubeletSocket; no flag or config

@@ -183,11 +183,15 @@ func tempDir(t *testing.T) string {
 	return dir
 }
 
-// newPlugin returns a plugin with n devices in dir.
-func newPlugin(t *testing.T, dir string, n int) *Plugin {
+// newPlugin returns a plugin with n devices in dir, its other options changed by change
+// (when not nil).
+func newPlugin(t *testing.T, dir string, n int, change ...func(*Options)) *Plugin {
 	t.Helper()
 	opts := NewOptions()
 	opts.Dir, opts.Devices = dir, n
+	for _, f := range change {
+		f(&opts)
+	}
 	p, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -215,13 +219,13 @@ func runPlugin(t *testing.T, p *Plugin) {
 	})
 }
 
-// startRegistered starts a fake kubelet and a plugin with n devices, and waits for the
-// plugin's first registration.
-func startRegistered(t *testing.T, n int) (*Plugin, *fakeKubelet) {
+// startRegistered starts a fake kubelet and a plugin with n devices (its other options
+// changed by change), and waits for the plugin's first registration.
+func startRegistered(t *testing.T, n int, change ...func(*Options)) (*Plugin, *fakeKubelet) {
 	t.Helper()
 	dir := tempDir(t)
 	k := startFakeKubelet(t, dir)
-	p := newPlugin(t, dir, n)
+	p := newPlugin(t, dir, n, change...)
 	runPlugin(t, p)
 	if r := k.nextRegistration(t); r.err != nil {
 		t.Fatalf("first registration: %v", r.err)
@@ -247,7 +251,7 @@ func testContext(t *testing.T) context.Context {
 	return ctx
 }
 
-// healths is a device list as "gpu-0=Healthy gpu-1=Unhealthy ...", for comparing.
+// healths is a device list as "GPU-0=Healthy GPU-1=Unhealthy ...", for comparing.
 func healths(devices []*pluginapi.Device) []string {
 	out := make([]string, 0, len(devices))
 	for _, d := range devices {

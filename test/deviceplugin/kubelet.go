@@ -27,7 +27,8 @@ import (
 
 // Run serves the plugin on SocketPath and registers it with the kubelet at
 // KubeletSocketPath, until ctx ends; it then stops serving and removes its socket. It makes
-// the directory if need be and waits for kubelet.sock to appear. It listens again when its
+// the directory if need be, writes the state directory's files (state.go) and waits for
+// kubelet.sock to appear. It listens again when its
 // socket is deleted and registers again whenever kubelet.sock is created; a failed
 // registration is retried after 1 s, 2 s, ... up to Options.RetryMax. It returns an error
 // only if it cannot serve or watch the directory. Run once at a time.
@@ -35,6 +36,9 @@ func (p *Plugin) Run(ctx context.Context) error {
 	r := &runner{p: p, logger: klog.FromContext(ctx).WithValues("resource", p.opts.ResourceName)}
 	if err := os.MkdirAll(p.opts.Dir, 0o750); err != nil {
 		return err
+	}
+	if err := p.writeState(); err != nil {
+		return fmt.Errorf("state dir %s: %w", p.opts.StateDir, err)
 	}
 	// Watch before listening and registering, so that no kubelet restart is missed.
 	w, err := watchDir(p.opts.Dir, p.opts.SocketName, KubeletSocketName)

@@ -35,25 +35,25 @@ func TestListAndWatchSendsHealthChanges(t *testing.T) {
 		}
 	}
 
-	recv("first list", "gpu-0=Healthy", "gpu-1=Healthy", "gpu-2=Healthy")
-	set("gpu-1", false)
-	recv("gpu-1 failed", "gpu-0=Healthy", "gpu-1=Unhealthy", "gpu-2=Healthy")
-	// Failing gpu-1 again changes nothing and sends nothing: the next list is gpu-2's.
-	set("gpu-1", false)
-	set("gpu-2", false)
-	recv("gpu-2 failed", "gpu-0=Healthy", "gpu-1=Unhealthy", "gpu-2=Unhealthy")
-	set("gpu-1", true)
-	recv("gpu-1 healed", "gpu-0=Healthy", "gpu-1=Healthy", "gpu-2=Unhealthy")
+	recv("first list", "GPU-0=Healthy", "GPU-1=Healthy", "GPU-2=Healthy")
+	set("GPU-1", false)
+	recv("GPU-1 failed", "GPU-0=Healthy", "GPU-1=Unhealthy", "GPU-2=Healthy")
+	// Failing GPU-1 again changes nothing and sends nothing: the next list is GPU-2's.
+	set("GPU-1", false)
+	set("GPU-2", false)
+	recv("GPU-2 failed", "GPU-0=Healthy", "GPU-1=Unhealthy", "GPU-2=Unhealthy")
+	set("GPU-1", true)
+	recv("GPU-1 healed", "GPU-0=Healthy", "GPU-1=Healthy", "GPU-2=Unhealthy")
 
 	if diff := cmp.Diff([]Device{
-		{ID: "gpu-0", Health: "Healthy", PCI: "0000:10:00.0"},
-		{ID: "gpu-1", Health: "Healthy", PCI: "0000:11:00.0"},
-		{ID: "gpu-2", Health: "Unhealthy", PCI: "0000:12:00.0"},
+		{ID: "GPU-0", Health: "Healthy", PCI: "0000:10:00.0"},
+		{ID: "GPU-1", Health: "Healthy", PCI: "0000:11:00.0"},
+		{ID: "GPU-2", Health: "Unhealthy", PCI: "0000:12:00.0"},
 	}, p.Devices()); diff != "" {
 		t.Errorf("Devices (-want +got):\n%s", diff)
 	}
 	var unknown *UnknownDeviceError
-	if _, err := p.SetHealth("gpu-3", false); !errors.As(err, &unknown) {
+	if _, err := p.SetHealth("GPU-3", false); !errors.As(err, &unknown) {
 		t.Errorf("SetHealth of an unknown device: %v, want an UnknownDeviceError", err)
 	}
 }
@@ -68,26 +68,26 @@ func TestAllocate(t *testing.T) {
 	}{
 		{
 			name:    "one device",
-			request: [][]string{{"gpu-1"}},
-			want:    []map[string]string{{"CORONER_TEST_GPU": "gpu-1", "CORONER_TEST_GPU_PCI": "0000:11:00.0"}},
+			request: [][]string{{"GPU-1"}},
+			want:    []map[string]string{{"CORONER_TEST_GPU": "GPU-1", "CORONER_TEST_GPU_PCI": "0000:11:00.0"}},
 		},
 		{
 			name:    "two containers, two devices in one",
-			request: [][]string{{"gpu-2", "gpu-0"}, {"gpu-1"}},
+			request: [][]string{{"GPU-2", "GPU-0"}, {"GPU-1"}},
 			want: []map[string]string{
-				{"CORONER_TEST_GPU": "gpu-2,gpu-0", "CORONER_TEST_GPU_PCI": "0000:12:00.0,0000:10:00.0"},
-				{"CORONER_TEST_GPU": "gpu-1", "CORONER_TEST_GPU_PCI": "0000:11:00.0"},
+				{"CORONER_TEST_GPU": "GPU-2,GPU-0", "CORONER_TEST_GPU_PCI": "0000:12:00.0,0000:10:00.0"},
+				{"CORONER_TEST_GPU": "GPU-1", "CORONER_TEST_GPU_PCI": "0000:11:00.0"},
 			},
 		},
 		{
 			name:     "unknown device",
-			request:  [][]string{{"gpu-0", "gpu-9"}},
+			request:  [][]string{{"GPU-0", "GPU-9"}},
 			wantCode: "NotFound",
 		},
 		{
 			name:      "unhealthy device",
-			unhealthy: []string{"gpu-1"},
-			request:   [][]string{{"gpu-1"}},
+			unhealthy: []string{"GPU-1"},
+			request:   [][]string{{"GPU-1"}},
 			wantCode:  "FailedPrecondition",
 		},
 	}
@@ -127,18 +127,18 @@ func TestAllocate(t *testing.T) {
 func TestGetPreferredAllocation(t *testing.T) {
 	p, _ := startRegistered(t, 12)
 	req := &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{
-		{AvailableDeviceIDs: []string{"gpu-10", "gpu-3", "gpu-2"}, AllocationSize: 2},
-		{AvailableDeviceIDs: []string{"gpu-1", "gpu-5", "gpu-4"}, MustIncludeDeviceIDs: []string{"gpu-5"}, AllocationSize: 2},
-		{AvailableDeviceIDs: []string{"gpu-7"}, AllocationSize: 1},
+		{AvailableDeviceIDs: []string{"GPU-10", "GPU-3", "GPU-2"}, AllocationSize: 2},
+		{AvailableDeviceIDs: []string{"GPU-1", "GPU-5", "GPU-4"}, MustIncludeDeviceIDs: []string{"GPU-5"}, AllocationSize: 2},
+		{AvailableDeviceIDs: []string{"GPU-7"}, AllocationSize: 1},
 	}}
 	resp, err := dialPlugin(t, p).GetPreferredAllocation(testContext(t), req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := &pluginapi.PreferredAllocationResponse{ContainerResponses: []*pluginapi.ContainerPreferredAllocationResponse{
-		{DeviceIDs: []string{"gpu-2", "gpu-3"}},
-		{DeviceIDs: []string{"gpu-5", "gpu-1"}},
-		{DeviceIDs: []string{"gpu-7"}},
+		{DeviceIDs: []string{"GPU-2", "GPU-3"}},
+		{DeviceIDs: []string{"GPU-5", "GPU-1"}},
+		{DeviceIDs: []string{"GPU-7"}},
 	}}
 	if diff := cmp.Diff(want, resp, protocmp.Transform()); diff != "" {
 		t.Errorf("GetPreferredAllocation (-want +got):\n%s", diff)
@@ -147,7 +147,7 @@ func TestGetPreferredAllocation(t *testing.T) {
 
 func TestPreStartContainer(t *testing.T) {
 	p, _ := startRegistered(t, 1)
-	if _, err := dialPlugin(t, p).PreStartContainer(testContext(t), &pluginapi.PreStartContainerRequest{DevicesIds: []string{"gpu-0"}}); err != nil {
+	if _, err := dialPlugin(t, p).PreStartContainer(testContext(t), &pluginapi.PreStartContainerRequest{DevicesIds: []string{"GPU-0"}}); err != nil {
 		t.Errorf("PreStartContainer: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ package deviceplugin
 
 import (
 	"context"
+	"path"
 	"slices"
 	"strings"
 
@@ -70,8 +71,10 @@ func (s *service) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefe
 	return resp, nil
 }
 
-// Allocate gives each container the env vars EnvDevices and EnvPCI for its devices. It
-// refuses a device it does not have or one that is unhealthy, as a real plugin would.
+// Allocate gives each container the env vars EnvDevices and EnvPCI for its devices and,
+// with a StateDir, each device's health file mounted read-only at
+// ContainerHealthDir/<ID>. It refuses a device it does not have or one that is unhealthy,
+// as a real plugin would.
 func (s *service) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	resp := &pluginapi.AllocateResponse{}
 	for _, c := range req.ContainerRequests {
@@ -81,15 +84,24 @@ func (s *service) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*
 		}
 		ids := make([]string, 0, len(devices))
 		pcis := make([]string, 0, len(devices))
+		var mounts []*pluginapi.Mount
 		for _, d := range devices {
 			if d.Health != pluginapi.Healthy {
 				return nil, status.Errorf(codes.FailedPrecondition, "device %q is %s", d.ID, d.Health)
 			}
 			ids = append(ids, d.ID)
 			pcis = append(pcis, d.PCI)
+			if s.p.opts.StateDir != "" {
+				mounts = append(mounts, &pluginapi.Mount{
+					ContainerPath: path.Join(ContainerHealthDir, d.ID),
+					HostPath:      HealthFile(s.p.opts.StateDir, d.ID),
+					ReadOnly:      true,
+				})
+			}
 		}
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
-			Envs: map[string]string{EnvDevices: strings.Join(ids, ","), EnvPCI: strings.Join(pcis, ",")},
+			Envs:   map[string]string{EnvDevices: strings.Join(ids, ","), EnvPCI: strings.Join(pcis, ",")},
+			Mounts: mounts,
 		})
 	}
 	s.logger.Info("Allocated", "request", req.ContainerRequests)
@@ -102,7 +114,7 @@ func (s *service) PreStartContainer(context.Context, *pluginapi.PreStartContaine
 	return &pluginapi.PreStartContainerResponse{}, nil
 }
 
-// compareIDs orders gpu-2 before gpu-10.
+// compareIDs orders GPU-2 before GPU-10.
 func compareIDs(a, b string) int {
 	if len(a) != len(b) {
 		return len(a) - len(b)

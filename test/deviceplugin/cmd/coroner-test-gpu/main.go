@@ -25,16 +25,21 @@ import (
 )
 
 const summary = `coroner-test-gpu: a kubelet device plugin (API v1beta1) serving --devices fake GPUs
-gpu-0, gpu-1, ... as --resource. It listens on --socket in --dir, registers with the kubelet's
+GPU-0, GPU-1, ... as --resource. It listens on --socket in --dir, registers with the kubelet's
 kubelet.sock there, and does both again when the kubelet restarts. A container allocated
-devices gets CORONER_TEST_GPU=gpu-1,... and CORONER_TEST_GPU_PCI=0000:11:00.0,...
+devices gets CORONER_TEST_GPU=GPU-1,... and CORONER_TEST_GPU_PCI=0000:11:00.0,... (buses
+from --pci-base) and, with --state-dir, each device's health file ("Healthy" or
+"Unhealthy", kept current) read-only at /run/coroner-test-gpu/GPU-1; --state-dir also holds
+fake NVIDIA driver files, nvidia/gpus/<PCI>/information, whose GPU UUID is the device ID.
 The control API on --control (HTTP over a unix socket):
-  GET /devices, POST /devices/ID/fail, POST /devices/ID/heal
-for example: curl --unix-socket /run/coroner-test-gpu.sock -X POST http://x/devices/gpu-1/fail`
+  GET /devices, POST /devices/ID/fail[?xid=N], POST /devices/ID/heal
+where xid=N first writes the NVIDIA driver's Xid line N for the device to --kmsg.
+For example: curl --unix-socket /run/coroner-test-gpu.sock -X POST 'http://x/devices/GPU-1/fail?xid=79'`
 
 type options struct {
 	plugin  deviceplugin.Options
 	control string
+	pciBase string
 }
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
@@ -43,9 +48,17 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.plugin.ResourceName, "resource", o.plugin.ResourceName, "The extended resource name.")
 	fs.StringVar(&o.plugin.SocketName, "socket", o.plugin.SocketName, "The plugin's socket file name in --dir.")
 	fs.StringVar(&o.control, "control", o.control, "The control API's unix socket; not in --dir, whose sockets the kubelet deletes when it starts.")
+	fs.StringVar(&o.pciBase, "pci-base", o.pciBase, "The PCI domain and bus of the first device, DDDD:BB in hex; device i is on bus BB+i. Plugins whose nodes share a kernel log need bases of their own.")
+	fs.StringVar(&o.plugin.StateDir, "state-dir", o.plugin.StateDir, "Where to keep the devices' health files (mounted into containers) and fake NVIDIA driver information files; none when empty.")
+	fs.StringVar(&o.plugin.Kmsg, "kmsg", o.plugin.Kmsg, "The kernel log device an Xid line is written to.")
 }
 
 func (o *options) validate() error {
+	base, err := deviceplugin.ParsePCIBase(o.pciBase)
+	if err != nil {
+		return fmt.Errorf("--pci-base: %w", err)
+	}
+	o.plugin.PCIBase = base
 	if err := o.plugin.Validate(); err != nil {
 		return err
 	}
@@ -59,7 +72,7 @@ func (o *options) validate() error {
 }
 
 func main() {
-	o := &options{plugin: deviceplugin.NewOptions(), control: "/run/coroner-test-gpu.sock"}
+	o := &options{plugin: deviceplugin.NewOptions(), control: "/run/coroner-test-gpu.sock", pciBase: deviceplugin.DefaultPCIBase.String()}
 	fs := pflag.NewFlagSet("coroner-test-gpu", pflag.ContinueOnError)
 	o.addFlags(fs)
 	gofs := flag.NewFlagSet("klog", flag.ContinueOnError)
