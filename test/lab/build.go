@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 
 	"github.com/coroner-dev/coroner/test/host"
 	"github.com/coroner-dev/coroner/test/images"
@@ -38,16 +39,16 @@ func (c Config) build(ctx context.Context, say func(string, ...any)) ([]images.I
 			return nil, err
 		}
 		// Static: the images have no C library.
-		args := append(append([]string{"build"}, host.ProductBuildFlags...), "-o", c.BinDir+"/", "./cmd/coroner-agent", "./cmd/coroner-shim")
+		args := append(append([]string{"build"}, host.ProductBuildFlags...), "-o", c.BinDir+"/", "./cmd/coroner-agent", "./cmd/coroner-shim", "./test/deviceplugin/cmd/coroner-test-gpu")
 		cmd = exec.CommandContext(ctx, goBin, args...)
 		cmd.Dir = c.Root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("go build coroner-agent coroner-shim: %w\n%s", err, out)
+			return nil, fmt.Errorf("go build coroner-agent coroner-shim coroner-test-gpu: %w\n%s", err, out)
 		}
-		say("coroner-agent, coroner-shim: built (CGO_ENABLED=0)")
+		say("coroner-agent, coroner-shim, coroner-test-gpu (every node's test GPU plugin): built (CGO_ENABLED=0)")
 	}
-	for _, t := range kubeTools {
+	for _, t := range append(slices.Clone(kubeTools), testGPUBinary) {
 		if _, err := os.Stat(c.bin(t)); err != nil {
 			return nil, fmt.Errorf("%s missing in %s: run `make tools`", t, c.shortPath(c.BinDir))
 		}

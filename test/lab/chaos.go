@@ -172,7 +172,8 @@ func (c Config) StartKubelet(node string) (int, error) {
 	if err := c.startKubelet(st, n); err != nil {
 		return 0, err
 	}
-	// Another kubelet may be starting too (devicePluginSocket).
+	// Its device manager listens again (the node's test GPU plugin registers again by
+	// itself: it watches the directory for the new kubelet.sock).
 	if err := c.waitDeviceManager(context.Background(), st, n, started); err != nil {
 		return 0, err
 	}

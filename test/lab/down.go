@@ -133,6 +133,16 @@ func (c Config) stopNodes(ctx context.Context, st *State, say func(string, ...an
 			removeNetnsFile(p, problem)
 		}
 	}
+	// The test GPU plugins, then the mount namespace holders: a node's namespace, and
+	// every mount its kubelet and containerd made in it, goes with its last process.
+	for _, prefix := range []string{"test-gpu-", "ns-"} {
+		for _, p := range procs {
+			if strings.HasPrefix(p.Name, prefix) && p.running() {
+				p.stop(5 * time.Second)
+				say("stopped %s (pid %d)", p.Name, p.PID)
+			}
+		}
+	}
 }
 
 var netnsPathRE = regexp.MustCompile(`/var/run/netns/cni-[0-9a-f-]+|/run/netns/cni-[0-9a-f-]+`)
@@ -236,6 +246,9 @@ func (c Config) sweep(st *State, say func(string, ...any), problem func(string, 
 		}
 	}
 
+	if left := mountTargetsLeft(); len(left) > 0 {
+		problem("a node's mount reached this machine: %s", strings.Join(left, ", "))
+	}
 	for _, d := range dirs {
 		if n := unmountUnder(d); n > 0 {
 			say("unmounted %d mounts under %s", n, c.shortPath(d))
@@ -475,8 +488,9 @@ func errNotRoot(what string) error {
 // hostDirs are the fixed places outside the lab's directories where the kubelets (the
 // device manager's socket is always /var/lib/kubelet/device-plugins/kubelet.sock, the
 // container log links always in /var/log/containers), libmount, the CNI plugins' cache
-// and network namespace files go.
-var hostDirs = []string{"/var/lib/kubelet", "/var/log/containers", "/var/lib/cni", "/run/netns", "/run/mount"}
+// and network namespace files go, and the mount points of the nodes' own directories
+// (mountns.go: empty on this machine, covered in each node's mount namespace).
+var hostDirs = []string{"/var/lib/kubelet", TestGPUStateDir, "/var/log/containers", "/var/lib/cni", "/run/netns", "/run/mount"}
 
 // missingHostDirs returns the hostDirs that do not exist now.
 func missingHostDirs() []string {

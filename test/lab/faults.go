@@ -54,8 +54,8 @@ func cmdline(pid int) ([]string, error) {
 }
 
 // restartProc stops the recorded process called name with sig (SIGKILL after grace) and
-// starts it again with the command line it ran with, in the network namespace of its
-// node (if it has one), appending to its log, and records the new process in the lab's
+// starts it again with the command line it ran with, in the mount and network namespaces
+// of its process node (if it has one: startInNode), appending to its log, and records the new process in the lab's
 // state (so that Down stops it).
 func (c Config) restartProc(name string, sig syscall.Signal, grace, downFor time.Duration) (Restart, error) {
 	r := Restart{Name: name, Signal: sig}
@@ -78,13 +78,15 @@ func (c Config) restartProc(name string, sig syscall.Signal, grace, downFor time
 			bin = exe
 		}
 	}
-	nsPath := ""
+	var node *Node
 	if p.Node != "" {
 		n, err := c.NodeNamed(p.Node)
 		if err != nil {
 			return r, err
 		}
-		nsPath = n.NetnsPath()
+		if !n.IsVM() {
+			node = &n
+		}
 	}
 	if err := syscall.Kill(p.PID, sig); err != nil {
 		return r, fmt.Errorf("signal %s (pid %d): %w", name, p.PID, err)
@@ -102,7 +104,13 @@ func (c Config) restartProc(name string, sig syscall.Signal, grace, downFor time
 		return r, fmt.Errorf("%s (pid %d): threads of it still exiting after 30s", name, p.PID)
 	}
 	time.Sleep(downFor)
-	np, err := startDaemon(name, bin, args[1:], p.Log, nsPath)
+	if node != nil {
+		// In the node's mount and network namespaces again (mountns.go).
+		np, err := c.startInNode(st, *node, name, bin, args[1:], p.Log)
+		r.NewPID = np.PID
+		return r, err
+	}
+	np, err := startDaemon(name, bin, args[1:], p.Log, "")
 	if err != nil {
 		return r, err
 	}

@@ -39,7 +39,7 @@ func (c Config) runtime(n Node) (containerd.Runtime, error) {
 // prepareNode makes the node's directories, cgroup and configuration files.
 func (c Config) prepareNode(st *State, n Node, p *clusterPKI) error {
 	dir, run := c.nodeDir(n), c.nodeRunDir(n)
-	for _, d := range []string{dir, filepath.Join(dir, "cni"), filepath.Join(dir, "kubelet"), filepath.Join(dir, "pod-logs"), run} {
+	for _, d := range []string{dir, filepath.Join(dir, "cni"), filepath.Join(dir, "kubelet"), filepath.Join(dir, "pod-logs"), run, DaemonDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
@@ -165,20 +165,16 @@ serverTLSBootstrap: false
 registerNode: true
 `
 
-// startContainerd starts the node's containerd in its network namespace and waits until
-// its CRI plugin reports the runtime and the network ready.
+// startContainerd starts the node's containerd in its namespaces (startInNode) and waits
+// until its CRI plugin reports the runtime and the network ready.
 func (c Config) startContainerd(ctx context.Context, st *State, n Node) error {
 	name := "containerd-" + n.Name
 	rt, err := c.runtime(n)
 	if err != nil {
 		return err
 	}
-	p, err := startDaemon(name, rt.Containerd, []string{"--config", filepath.Join(c.nodeDir(n), "containerd.toml")}, c.logPath(name), n.NetnsPath())
+	p, err := c.startInNode(st, n, name, rt.Containerd, []string{"--config", filepath.Join(c.nodeDir(n), "containerd.toml")}, c.logPath(name))
 	if err != nil {
-		return err
-	}
-	p.Node = n.Name
-	if err := st.addProc(p); err != nil {
 		return err
 	}
 	cri, err := dialCRI(n.Socket())
@@ -249,11 +245,11 @@ func (c Config) importImages(ctx context.Context, n Node, imgs []images.Image) e
 	return nil
 }
 
-// startKubelet starts the node's kubelet in its network namespace.
+// startKubelet starts the node's kubelet in its namespaces (startInNode).
 func (c Config) startKubelet(st *State, n Node) error {
 	name := "kubelet-" + n.Name
 	dir := c.nodeDir(n)
-	p, err := startDaemon(name, c.bin("kubelet"), []string{
+	_, err := c.startInNode(st, n, name, c.bin("kubelet"), []string{
 		"--config=" + filepath.Join(dir, "kubelet.yaml"),
 		"--kubeconfig=" + filepath.Join(c.pkiDir(), n.Name+".kubeconfig"),
 		"--root-dir=" + filepath.Join(dir, "kubelet"),
@@ -261,44 +257,41 @@ func (c Config) startKubelet(st *State, n Node) error {
 		"--node-ip=" + n.IP.String(),
 		"--node-labels=lab.coroner.dev/node=" + n.Name,
 		"--v=1",
-	}, c.logPath(name), n.NetnsPath())
-	if err != nil {
-		return err
-	}
-	p.Node = n.Name
-	return st.addProc(p)
+	}, c.logPath(name))
+	return err
 }
 
-// devicePluginSocket is the kubelet device manager's socket, at a fixed path (not under
-// --root-dir): the lab's kubelets share it. A kubelet starting its device manager removes
-// every socket in that directory, then listens there, so two kubelets starting together
-// can interleave (A removes, B removes, B listens, A listens: "bind: address already in
-// use", and A exits: a cold CI run's second lab failed so). Up starts them one after
-// another, each once the one before it listens there (waitDeviceManager).
-const devicePluginSocket = "/var/lib/kubelet/device-plugins/kubelet.sock"
+// devicePluginSocket is the kubelet device manager's socket of the process node n, as
+// this machine sees it: the kubelet listens at the fixed path
+// /var/lib/kubelet/device-plugins/kubelet.sock (not under --root-dir), which in the
+// node's mount namespace is the node's own directory (mountns.go).
+func (c Config) devicePluginSocket(n Node) string {
+	return filepath.Join(c.nodeDir(n), "device-plugins", "kubelet.sock")
+}
 
 // deviceManagerTimeout bounds the wait for a kubelet's device manager: about a second
 // after its start here, more on a loaded host.
 const deviceManagerTimeout = 2 * time.Minute
 
-// waitDeviceManager waits until the node's kubelet, started at started, listens on
-// devicePluginSocket: a socket made since (its change time; the socket a kubelet before
-// it made is older) that takes a connection.
+// waitDeviceManager waits until the node's kubelet, started at started, listens on its
+// devicePluginSocket: a socket made since (its change time; an earlier kubelet's is
+// older) that takes a connection. The node's test GPU plugin starts after it.
 func (c Config) waitDeviceManager(ctx context.Context, st *State, n Node, started time.Time) error {
 	p, ok := st.proc("kubelet-" + n.Name)
 	if !ok {
 		return fmt.Errorf("no kubelet of %s in the lab's state", n.Name)
 	}
-	return Poll(ctx, deviceManagerTimeout, p.Name+" listening on "+devicePluginSocket, func() (bool, error) {
+	sock := c.devicePluginSocket(n)
+	return Poll(ctx, deviceManagerTimeout, p.Name+" listening on "+sock, func() (bool, error) {
 		if !p.running() {
 			return false, fmt.Errorf("%s exited:\n%s", p.Name, logTail(p.Log, 3000))
 		}
-		made, ok := socketMade(devicePluginSocket)
+		made, ok := socketMade(sock)
 		// The file system's clock is coarse (a tick behind the wall clock at most).
 		if !ok || made.Before(started.Add(-50*time.Millisecond)) {
 			return false, nil
 		}
-		conn, err := net.DialTimeout("unix", devicePluginSocket, time.Second)
+		conn, err := net.DialTimeout("unix", sock, time.Second)
 		if err != nil {
 			return false, nil
 		}

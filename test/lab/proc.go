@@ -156,7 +156,9 @@ func (p Proc) stop(grace time.Duration) {
 // labPrograms are the programs the lab runs outside containers.
 var labPrograms = []string{
 	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-	"kubelet", "containerd", "containerd-shim-runc-v2", "runc",
+	"kubelet", "containerd", "containerd-shim-runc-v2", "runc", "coroner-test-gpu",
+	// The nodes' mount namespace holders (mountns.go): /bin/sh, Debian's dash.
+	"sh", "dash",
 }
 
 // processesUsing returns the running lab programs with a command-line argument inside one

@@ -166,6 +166,9 @@ func (c Config) upFrom(ctx context.Context, st *State, resume bool) error {
 				if err := c.waitDefaultServiceAccount(ctx); err != nil {
 					return err
 				}
+				if err := c.waitTestGPUs(ctx, st, 2*time.Minute); err != nil {
+					return err
+				}
 				out, err := c.Kubectl(ctx, nil, "get", "nodes", "-o", "wide")
 				if err == nil {
 					pr.say("%s", strings.TrimSpace(string(out)))
@@ -265,7 +268,11 @@ func (c Config) startNodes(ctx context.Context, st *State, p *clusterPKI, imgs [
 		if err := c.prepareNode(st, n, p); err != nil {
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}
+		if err := c.startHolder(st, n); err != nil {
+			return fmt.Errorf("%s: %w", n.Name, err)
+		}
 	}
+	say("a mount namespace per node (mountns.go): its own %s", strings.Join(mountTargets(), ", "))
 	err = parallel(c.Nodes, func(n Node) error {
 		start := time.Now()
 		if err := c.startContainerd(ctx, st, n); err != nil {
@@ -297,8 +304,11 @@ func (c Config) startNodes(ctx context.Context, st *State, p *clusterPKI, imgs [
 		if err := c.waitDeviceManager(ctx, st, n, started); err != nil {
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}
+		if err := c.startTestGPU(st, n); err != nil {
+			return fmt.Errorf("%s: %w", n.Name, err)
+		}
 	}
-	say("kubelets started (cgroupRoot /%s/NODE, logs in %s)", CgroupParent, c.shortPath(c.logDir()))
+	say("kubelets started (cgroupRoot /%s/NODE, logs in %s), each with %d test GPUs (%s)", CgroupParent, c.shortPath(c.logDir()), TestGPUs, TestGPUResource)
 	return nil
 }
 
@@ -319,7 +329,7 @@ func parallel(nodes []Node, f func(Node) error) error {
 // preflight checks what Up needs before it changes anything on the machine.
 func (c Config) preflight(say func(string, ...any)) error {
 	var missing []string
-	for _, prog := range []string{"containerd", "ctr", "runc", "containerd-shim-runc-v2"} {
+	for _, prog := range []string{"containerd", "ctr", "runc", "containerd-shim-runc-v2", "unshare", "nsenter"} {
 		if _, err := exec.LookPath(prog); err != nil {
 			missing = append(missing, prog)
 		}
