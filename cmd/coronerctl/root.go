@@ -122,7 +122,7 @@ const rootLong = `coronerctl: explain and check coroner's decisions.
   coronerctl explain job NAME        every pod of the Job: its state and cause of death, the rule that matched and the action
   coronerctl explain pod NAME        one pod (also job/NAME, pod/NAME; -A for every coroner-managed Job)
   coronerctl check -f job.yaml       validate a Job's failure policy offline
-  coronerctl chaos ACTION ARG        inject a failure: evict, drain, preempt anywhere; partition, kill-kubelet, oom in the lab
+  coronerctl chaos ACTION ARG        inject a failure: evict, drain, preempt anywhere; partition, kill-kubelet, oom, device-fail in the lab
 
 Installed on the PATH as kubectl-coroner, it is also "kubectl coroner".`
 
@@ -248,8 +248,8 @@ func chaosCmd(name string) *cobra.Command {
 	o := chaos.NewOptions()
 	o.Flags = genericclioptions.NewConfigFlags(true)
 	cmd := &cobra.Command{
-		Use:   "chaos ACTION ARG",
-		Short: "Inject a failure on purpose: evict, drain, preempt; partition, kill-kubelet, oom in the lab",
+		Use:   "chaos ACTION ARG [ARG]",
+		Short: "Inject a failure on purpose: evict, drain, preempt; partition, kill-kubelet, oom, device-fail in the lab",
 		Long:  named(name, chaos.Usage),
 		Args: func(_ *cobra.Command, args []string) error {
 			o.FromFlags()
@@ -261,7 +261,7 @@ func chaosCmd(name string) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return o.Run(cmd.Context(), args, cmd.OutOrStdout())
 		},
-		ValidArgs: []string{"evict", "drain", "uncordon", "preempt", "unpreempt", "partition", "heal", "kill-kubelet", "start-kubelet", "oom"},
+		ValidArgs: []string{"evict", "drain", "uncordon", "preempt", "unpreempt", "partition", "heal", "kill-kubelet", "start-kubelet", "oom", "devices", "device-fail", "device-heal"},
 	}
 	o.Flags.AddFlags(cmd.Flags())
 	o.AddFlags(cmd.Flags())

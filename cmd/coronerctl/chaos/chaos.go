@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -37,7 +38,16 @@ In coroner's lab on this machine (make lab; root), or on a node of its kind clus
   start-kubelet NODE start it again (undoes kill-kubelet)
   oom POD            make the kernel OOM-kill a task of the pod by lowering its cgroup's memory limit
                      to what it uses (a pod over its own limit); with --node, lower the limit of all
-                     the node's pods instead (the node out of memory). The pod must be allocating.`
+                     the node's pods instead (the node out of memory). The pod must be allocating.
+  devices NODE       list the node's test GPUs (coroner.dev/test-gpu, the lab's device plugin) and their health
+  device-fail NODE [DEVICE|pod/NAME]
+                     turn a test GPU Unhealthy (default: the node's first healthy one; pod/NAME: the
+                     one the pod holds): the kubelet reports it in the pod's allocatedResourcesStatus,
+                     a program watching /run/coroner-test-gpu/DEVICE in the container sees it at once;
+                     with --xid N, first the NVIDIA driver's Xid line N for its PCI address in the
+                     node's kernel log
+  device-heal NODE [DEVICE]
+                     turn it Healthy again (default: every Unhealthy one of the node)`
 
 // Options are the flags of `coronerctl chaos`.
 type Options struct {
@@ -60,6 +70,8 @@ type Options struct {
 	// LabDir is the repository whose lab the node-side actions act on; default the
 	// repository that holds the working directory or this program.
 	LabDir string
+	// Xid makes device-fail write the NVIDIA driver's Xid line of this number first.
+	Xid int
 }
 
 // NewOptions returns the defaults.
@@ -82,7 +94,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Image, "image", o.Image, "preempt: the preemptor pod's image (it only has to start; in the lab use registry.k8s.io/pause:coroner).")
 	fs.StringVar(&o.PullPolicy, "image-pull-policy", o.PullPolicy, "preempt: the preemptor's imagePullPolicy: Always, IfNotPresent or Never.")
 	fs.Int32Var(&o.Priority, "priority", o.Priority, "preempt: the preemptor's priority; pods of this priority or more are not preempted.")
-	fs.StringVar(&o.LabDir, "lab-repo", o.LabDir, "The coroner repository whose lab partition, heal, kill-kubelet, start-kubelet and oom act on; default the one that holds the working directory or coronerctl.")
+	fs.StringVar(&o.LabDir, "lab-repo", o.LabDir, "The coroner repository whose lab partition, heal, kill-kubelet, start-kubelet, oom and the device actions act on; default the one that holds the working directory or coronerctl.")
+	fs.IntVar(&o.Xid, "xid", o.Xid, "device-fail: first write the NVIDIA driver's Xid line of this number (1-999; 79: fallen off the bus, 48: double-bit ECC) for the device's PCI address to the node's kernel log.")
 }
 
 // actions maps each action to whether it acts on a node or a pod, and whether it needs
@@ -90,11 +103,14 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 var actions = map[string]struct {
 	arg string // "NODE" or "POD"
 	lab bool
+	// optional names a second argument the action may take.
+	optional string
 }{
-	"evict": {"POD", false}, "drain": {"NODE", false}, "uncordon": {"NODE", false},
-	"preempt": {"NODE", false}, "unpreempt": {"NODE", false},
-	"partition": {"NODE", true}, "heal": {"NODE", true}, "kill-kubelet": {"NODE", true},
-	"start-kubelet": {"NODE", true}, "oom": {"POD", true},
+	"evict": {"POD", false, ""}, "drain": {"NODE", false, ""}, "uncordon": {"NODE", false, ""},
+	"preempt": {"NODE", false, ""}, "unpreempt": {"NODE", false, ""},
+	"partition": {"NODE", true, ""}, "heal": {"NODE", true, ""}, "kill-kubelet": {"NODE", true, ""},
+	"start-kubelet": {"NODE", true, ""}, "oom": {"POD", true, ""},
+	"devices": {"NODE", true, ""}, "device-fail": {"NODE", true, "DEVICE|pod/NAME"}, "device-heal": {"NODE", true, "DEVICE"},
 }
 
 // Validate checks the arguments and flags before anything is done.
@@ -106,7 +122,10 @@ func (o *Options) Validate(args []string) error {
 	if !ok {
 		return fmt.Errorf("unknown action %q; see coronerctl chaos --help", args[0])
 	}
-	if len(args) != 2 || args[1] == "" {
+	if len(args) < 2 || args[1] == "" || len(args) > 3 || (len(args) == 3 && (a.optional == "" || args[2] == "")) {
+		if a.optional != "" {
+			return fmt.Errorf("usage: coronerctl chaos %s %s [%s]", args[0], a.arg, a.optional)
+		}
 		return fmt.Errorf("usage: coronerctl chaos %s %s", args[0], a.arg)
 	}
 	var errs []error
@@ -120,6 +139,12 @@ func (o *Options) Validate(args []string) error {
 	}
 	if o.Node && args[0] != "oom" {
 		errs = append(errs, fmt.Errorf("--node is a flag of oom, not of %s", args[0]))
+	}
+	if o.Xid != 0 && args[0] != "device-fail" {
+		errs = append(errs, fmt.Errorf("--xid is a flag of device-fail, not of %s", args[0]))
+	}
+	if o.Xid < 0 || o.Xid > 999 {
+		errs = append(errs, fmt.Errorf("--xid must be an Xid number from 1 to 999, got %d", o.Xid))
 	}
 	if o.Priority <= 0 {
 		errs = append(errs, fmt.Errorf("--priority must be positive, got %d", o.Priority))
@@ -137,7 +162,7 @@ func (o *Options) Run(ctx context.Context, args []string, w io.Writer) error {
 	var undo string
 	var err error
 	if actions[action].lab {
-		undo, err = o.runLab(ctx, action, target, w)
+		undo, err = o.runLab(ctx, action, args[1:], w)
 	} else {
 		undo, err = o.runCluster(ctx, action, target, w)
 	}
@@ -210,17 +235,21 @@ func (o *Options) runCluster(ctx context.Context, action, target string, w io.Wr
 const labProgram = "coroner-lab"
 
 // runLab has coroner-lab do a node-side action (partition, heal, kill-kubelet,
-// start-kubelet, oom) on this machine's lab or kind cluster: the coroner-lab beside
+// start-kubelet, oom, devices, device-fail, device-heal) on this machine's lab or kind
+// cluster: the coroner-lab beside
 // coronerctl (make build puts both in _output/bin), else the one on PATH. Its output,
 // the "undo:" line included, goes to w.
-func (o *Options) runLab(ctx context.Context, action, target string, w io.Writer) (string, error) {
+func (o *Options) runLab(ctx context.Context, action string, targets []string, w io.Writer) (string, error) {
 	bin, err := findLabProgram()
 	if err != nil {
 		return "", err
 	}
-	args := []string{"chaos", action, target, "--timeout=" + o.Timeout.String()}
+	args := append(append([]string{"chaos", action}, targets...), "--timeout="+o.Timeout.String())
 	if o.Node {
 		args = append(args, "--node")
+	}
+	if o.Xid != 0 {
+		args = append(args, "--xid="+strconv.Itoa(o.Xid))
 	}
 	for _, f := range []struct{ name, value string }{{"kubeconfig", o.Kubeconfig}, {"context", o.Context}, {"namespace", o.Namespace}, {"lab-repo", o.LabDir}} {
 		if f.value != "" {
@@ -248,5 +277,5 @@ func findLabProgram() (string, error) {
 	if p, err := exec.LookPath(labProgram); err == nil {
 		return p, nil
 	}
-	return "", fmt.Errorf("partition, heal, kill-kubelet, start-kubelet and oom act on coroner's lab or kind cluster on this machine, through %s (make build puts it beside coronerctl in _output/bin): not found beside coronerctl nor on PATH", labProgram)
+	return "", fmt.Errorf("partition, heal, kill-kubelet, start-kubelet, oom and the device actions act on coroner's lab or kind cluster on this machine, through %s (make build puts it beside coronerctl in _output/bin): not found beside coronerctl nor on PATH", labProgram)
 }

@@ -33,6 +33,8 @@ type chaosOptions struct {
 	Timeout time.Duration
 	// LabDir is the repository whose lab the actions act on.
 	LabDir string
+	// Xid makes device-fail write an Xid line of this number first.
+	Xid int
 }
 
 // chaosActions are the actions, each with the argument it takes.
@@ -40,12 +42,25 @@ var chaosActions = map[string]string{"partition": "NODE", "heal": "NODE", "kill-
 
 // runChaos does the action and prints what it did and how to undo it to w.
 func runChaos(ctx context.Context, o *chaosOptions, args []string, w io.Writer) error {
+	if len(args) >= 1 && deviceActions[args[0]] {
+		if o.Node {
+			return fmt.Errorf("--node is a flag of oom, not of %s", args[0])
+		}
+		undo, err := o.runDevices(ctx, args[0], args[1:], w)
+		if undo != "" {
+			fmt.Fprintf(w, "undo: %s\n", undo)
+		}
+		return err
+	}
+	if o.Xid != 0 {
+		return errors.New("--xid is a flag of device-fail")
+	}
 	if len(args) != 2 || args[1] == "" {
-		return fmt.Errorf("usage: coroner-lab chaos partition|heal|kill-kubelet|start-kubelet NODE, or oom POD [--node]")
+		return fmt.Errorf("usage: coroner-lab chaos partition|heal|kill-kubelet|start-kubelet|devices NODE, oom POD [--node], or device-fail|device-heal NODE [DEVICE]")
 	}
 	action, target := args[0], args[1]
 	if _, ok := chaosActions[action]; !ok {
-		return fmt.Errorf("unknown chaos action %q: want partition, heal, kill-kubelet, start-kubelet or oom", action)
+		return fmt.Errorf("unknown chaos action %q: want partition, heal, kill-kubelet, start-kubelet, oom, devices, device-fail or device-heal", action)
 	}
 	if o.Node && action != "oom" {
 		return fmt.Errorf("--node is a flag of oom, not of %s", action)
