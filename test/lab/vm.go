@@ -240,9 +240,10 @@ func (c Config) writeVMFiles(n Node, dir string, p *clusterPKI, imgs []images.Im
 	for _, img := range imgs {
 		tarballs = append(tarballs, filepath.Base(img.Tarball))
 	}
-	env := fmt.Sprintf("NODE_NAME=%s\nNODE_IP=%s\nGATEWAY=%s\nROUTES=%q\nSOCKET=%s\nIMAGES=%q\nNODE_LABELS=%s\n",
+	env := fmt.Sprintf("NODE_NAME=%s\nNODE_IP=%s\nGATEWAY=%s\nROUTES=%q\nSOCKET=%s\nIMAGES=%q\nNODE_LABELS=%s\nTEST_GPU_ARGS=%q\n",
 		n.Name, n.IP, bridgeIP, strings.Join(routes, " "), n.Socket(), strings.Join(tarballs, " "),
-		"lab.coroner.dev/node="+n.Name+",lab.coroner.dev/vm=true")
+		"lab.coroner.dev/node="+n.Name+",lab.coroner.dev/vm=true",
+		strings.Join(TestGPUArgs(n.TestGPUControl(), n.TestGPUPCIBase()), " "))
 	files := map[string]string{
 		"node.env":                env,
 		"guest.sh":                vm.GuestScript,

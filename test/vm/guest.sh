@@ -7,7 +7,7 @@
 #   /opt/coroner/bin     _output/bin (read-only): kubelet, containerd2/{containerd,ctr,shim,runc}
 #   /opt/coroner/images  _output/images (read-only): the image tarballs
 #   /opt/coroner/node    _output/lab/nodes/NODE: node.env, configs, certificates; status is written here
-#   /opt/coroner/logs    _output/lab/logs: containerd-NODE.log, kubelet-NODE.log
+#   /opt/coroner/logs    _output/lab/logs: containerd-NODE.log, kubelet-NODE.log, test-gpu-NODE.log
 #
 # `guest.sh images` is the import step, run by coroner-images.service.
 set -eu
@@ -117,6 +117,21 @@ Restart=always
 RestartSec=2
 OOMScoreAdjust=-999
 UNIT
+# The lab's test GPU plugin (test/deviceplugin), beside the kubelet: its devices in the
+# kubelet's /var/lib/kubelet/device-plugins, its state in /var/lib/coroner-test-gpu, its Xid
+# lines in this kernel's log, its control socket beside containerd's (the lab reaches it
+# over ssh).
+cat >/run/systemd/system/coroner-test-gpu.service <<UNIT
+[Unit]
+Description=coroner test GPU device plugin (coroner.dev/test-gpu)
+After=coroner-kubelet.service
+[Service]
+ExecStart=/opt/coroner/bin/coroner-test-gpu $TEST_GPU_ARGS
+StandardOutput=append:/opt/coroner/logs/test-gpu-$NODE_NAME.log
+StandardError=append:/opt/coroner/logs/test-gpu-$NODE_NAME.log
+Restart=always
+RestartSec=2
+UNIT
 systemctl daemon-reload
-systemctl start --no-block coroner-kubelet.service
+systemctl start --no-block coroner-kubelet.service coroner-test-gpu.service
 say "boot: network $NODE_IP, units started ($(cut -d' ' -f1 /proc/uptime) s after the kernel)"
