@@ -149,6 +149,11 @@ func (c Config) Up(ctx context.Context) error {
 		return err
 	}
 	c.say("pod network (%s) up, nodes Ready in %s", c.CNI, time.Since(t).Round(time.Second))
+	t = time.Now()
+	if err := c.startTestGPUs(ctx); err != nil {
+		return err
+	}
+	c.say("test GPU plugins on the workers in %s", time.Since(t).Round(time.Second))
 
 	t = time.Now()
 	if err := c.ImportImages(ctx, imgs); err != nil {
