@@ -1,6 +1,6 @@
 // Package lab runs coroner's local lab: a Kubernetes v1.36.3 cluster made of processes on
 // this machine (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) and three
-// nodes, each a real kubelet with its own containerd in its own network namespace, with
+// nodes, each a real kubelet with its own containerd in its own network and mount namespace, with
 // coroner deployed from deploy/overlays/lab and a demo Job (requirement L1).
 //
 // Layout:
@@ -10,8 +10,14 @@
 //	_output/lab/pki/              CA, serving and client certificates, kubeconfigs of the components
 //	_output/lab/logs/             one log per process (kept by Down until the next Up)
 //	_output/lab/etcd/             etcd data
-//	_output/lab/nodes/NODE/       containerd root and config, CNI config, kubelet root-dir and config, pod logs
-//	/run/coroner-lab/NODE/        containerd.sock, containerd state, runc root
+//	_output/lab/nodes/NODE/       containerd root and config, CNI config, kubelet root-dir and config, pod logs,
+//	                              device-plugins/ and test-gpu/ (bind-mounted in the node's mount namespace)
+//	/run/coroner-lab/NODE/        containerd.sock, containerd state, runc root, test-gpu.sock
+//
+// Each node runs in a mount namespace of its own (mountns.go), where its directories cover
+// /var/lib/kubelet/device-plugins, /var/lib/kubelet/pod-resources and
+// /var/lib/coroner-test-gpu, and runs the test GPU device plugin, 2 devices of
+// coroner.dev/test-gpu (testgpu.go; coronerctl chaos device-fail/device-heal).
 //
 // Network (all created with netlink): a bridge coroner-lab0 on the host with 10.77.0.1/24
 // and the API server's address 10.77.100.1/32; per node a network namespace coroner-lab-N

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -63,8 +64,10 @@ func TestLab(t *testing.T) {
 	if err != nil || st == nil || st.Phase != phaseReady {
 		t.Fatalf("state after Up: %+v, %v", st, err)
 	}
-	if len(st.Processes) != 4+2*len(cfg.Nodes) {
-		t.Errorf("state records %d processes, want %d", len(st.Processes), 4+2*len(cfg.Nodes))
+	// The control plane's 4, and per node its mount namespace holder, containerd, kubelet
+	// and test GPU plugin.
+	if len(st.Processes) != 4+4*len(cfg.Nodes) {
+		t.Errorf("state records %d processes, want %d", len(st.Processes), 4+4*len(cfg.Nodes))
 	}
 
 	cs, err := cfg.Clientset()
@@ -130,6 +133,20 @@ func TestLab(t *testing.T) {
 			t.Errorf("pod on %s has IP %s, outside the node's pod CIDR %s", n.Name, podIPs[n.Name], n.PodCIDR)
 		}
 	}
+	// Each node has its own device-plugin directory (its mount namespace): its own test
+	// GPUs. The kubelets' and containerds' mounts stay in the nodes' namespaces.
+	for _, n := range cfg.Nodes {
+		node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q := node.Status.Allocatable[corev1.ResourceName(TestGPUResource)]; q.Value() != TestGPUs {
+			t.Errorf("%s: allocatable %s %s, want %d", n.Name, TestGPUResource, q.String(), TestGPUs)
+		}
+	}
+	if m := append(mountsUnder(filepath.Join(cfg.Dir, "nodes")), mountTargetsLeft()...); len(m) > 0 {
+		t.Errorf("the nodes' mounts are on this machine, not in their mount namespaces: %v", m)
+	}
 	// Pod to pod across nodes, through kubectl exec (API server -> kubelet -> containerd).
 	first, last := cfg.Nodes[0], cfg.Nodes[len(cfg.Nodes)-1]
 	out, err := cfg.Kubectl(ctx, nil, "exec", "-n", ns, "busybox-"+first.Name, "--", "ping", "-c", "1", "-W", "3", podIPs[last.Name])
@@ -184,7 +201,7 @@ func TestLab(t *testing.T) {
 			t.Errorf("new /run/netns/%s left", name)
 		}
 	}
-	for _, d := range []string{cfg.Dir, RunDir, "/run/netns"} {
+	for _, d := range append([]string{cfg.Dir, RunDir, "/run/netns"}, mountTargets()...) {
 		if m := mountsUnder(d); len(m) > 0 {
 			t.Errorf("mounts left under %s: %v", d, m)
 		}
