@@ -31,6 +31,7 @@ type Options struct {
 	CgroupRoot          string
 	KmsgPath            string
 	NvidiaGPUsDir       string
+	UserSpaceXids       bool
 	PodResourcesSocket  string
 	DeviceWindow        time.Duration
 	PhaseGrace          time.Duration
@@ -98,6 +99,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CgroupRoot, "cgroup-root", o.CgroupRoot, "Where the cgroup hierarchies are mounted, to read containers' memory counters (OOM evidence); empty turns cgroup reading off.")
 	fs.StringVar(&o.KmsgPath, "kmsg-path", o.KmsgPath, "The kernel log device, to read the kernel's OOM kill reports (which cgroup hit its limit); needs CAP_SYSLOG; empty turns it off.")
 	fs.StringVar(&o.NvidiaGPUsDir, "nvidia-gpus-dir", o.NvidiaGPUsDir, "The NVIDIA driver's GPU list (one directory per PCI address, with an information file), which maps the PCI address of an Xid in the kernel log to the GPU's UUID, the device ID of NVIDIA's device plugin; a hardware Xid then blames the GPU of the container holding it. A missing directory means no NVIDIA driver (said once); empty turns Xids off. procfs's /proc/driver is the host's in any container, so no mount is needed.")
+	fs.BoolVar(&o.UserSpaceXids, "user-space-xids", o.UserSpaceXids, "Also read NVIDIA Xid lines that a program wrote to the kernel log (/dev/kmsg records of the user facility), not only the driver's (the kernel facility). For test clusters whose GPUs are emulated: the lab's test GPUs write their Xids so. Never for OOM kills, which are read from the kernel's records only. Off by default: on a real node only the driver's word counts.")
 	fs.StringVar(&o.PodResourcesSocket, "pod-resources-socket", o.PodResourcesSocket, "The kubelet's PodResources API socket, asked which device IDs a dying container holds when its pod's status does not list them (no allocatedResourcesStatus: the kubelet's ResourceHealthStatus feature off, or a kubelet before 1.36). Asked only then, never at rest; a missing socket is said once. Empty turns it off.")
 	fs.DurationVar(&o.DeviceWindow, "device-window", o.DeviceWindow, "How long after a container's death (non-zero exit) one of its devices turning Unhealthy, or a hardware Xid on its GPU, still explains the death: the program often dies of the fault before the device plugin reports it. The pod's coroner.dev/DeviceFailed=False (no device to blame) comes when it is over. Between 1s and 2m.")
 	fs.DurationVar(&o.PhaseGrace, "phase-grace", o.PhaseGrace, "How long a deleted pod whose containers all exited may keep phase Running before the agent sets a terminal phase (the kubelet's chance to do it first).")

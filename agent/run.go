@@ -132,7 +132,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 		if opts.NvidiaGPUsDir != "" {
 			xids = make(chan kmsg.XidReport, 64)
 		}
-		if k, up, err := startKernelLog(ctx, opts.KmsgPath, xids); err != nil {
+		if k, up, err := startKernelLog(ctx, opts.KmsgPath, xids, opts.UserSpaceXids); err != nil {
 			logger.Error(err, "Cannot read the kernel log; OOM kills are classified without the kernel's reports, and no Xid blames a GPU", "path", opts.KmsgPath)
 			xids = nil
 		} else {
@@ -220,10 +220,11 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 }
 
 // startKernelLog opens the kernel log at its oldest record and sends its OOM kills (and,
-// with xids, its NVIDIA Xid reports) until ctx is done; the channel returned second is
+// with xids, its NVIDIA Xid reports: the driver's, and with userSpaceXids those a program
+// wrote too) until ctx is done; the channel returned second is
 // closed once the backlog (the kills logged before the start, while the agent was not
 // running) has been sent.
-func startKernelLog(ctx context.Context, path string, xids chan<- kmsg.XidReport) (chan kmsg.OOMKill, <-chan struct{}, error) {
+func startKernelLog(ctx context.Context, path string, xids chan<- kmsg.XidReport, userSpaceXids bool) (chan kmsg.OOMKill, <-chan struct{}, error) {
 	f, err := kmsg.OpenFromOldest(path)
 	if err != nil {
 		return nil, nil, err
@@ -233,7 +234,7 @@ func startKernelLog(ctx context.Context, path string, xids chan<- kmsg.XidReport
 		boot = time.Time{} // kill times unknown; kills are matched by cgroup and PID
 	}
 	r := kmsg.NewReader(f, boot)
-	r.Xids = xids
+	r.Xids, r.UserSpaceXids = xids, userSpaceXids
 	out := make(chan kmsg.OOMKill, 256)
 	logger := klog.FromContext(ctx)
 	go func() {

@@ -109,6 +109,10 @@ type Reader struct {
 	// Xids, when not nil, receives the NVIDIA Xid reports read (in the order logged),
 	// beside the OOM kills on Run's out.
 	Xids chan<- XidReport
+	// UserSpaceXids: Xid reports in records a program wrote (a facility other than the
+	// kernel's) are sent on Xids too. For emulated GPUs (the lab's test GPUs write their
+	// Xid lines to /dev/kmsg); OOM kills are never read from such records.
+	UserSpaceXids bool
 
 	asm      Assembler
 	badXids  atomic.Uint64
@@ -277,7 +281,10 @@ func (r *Reader) add(line string) (kills []OOMKill, x XidReport, xidOK bool) {
 	}
 	r.records.Add(1)
 	if rec.Facility > 0 {
-		return nil, XidReport{}, false
+		if r.Xids != nil && r.UserSpaceXids {
+			x, xidOK = r.xid(rec)
+		}
+		return nil, x, xidOK
 	}
 	if r.Xids != nil {
 		x, xidOK = r.xid(rec)

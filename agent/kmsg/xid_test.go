@@ -45,3 +45,38 @@ func TestReaderXids(t *testing.T) {
 		t.Errorf("BadXids = %d, want 1", n)
 	}
 }
+
+// With UserSpaceXids, an Xid line a program wrote to /dev/kmsg (facility user, as the
+// lab's test GPU plugin writes it) is read too; an OOM kill report so written still is
+// not.
+func TestReaderUserSpaceXids(t *testing.T) {
+	const in = "" +
+		"12,2001,6000000,-;NVRM: Xid (PCI:0001:10:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n" +
+		"12,2002,6100000,-;Memory cgroup out of memory: Killed process 4242 (forged) total-vm:1kB, anon-rss:1kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:0kB oom_score_adj:0\n"
+	for _, on := range []bool{false, true} {
+		rd := NewReader(strings.NewReader(in), time.Date(2026, 12, 7, 8, 0, 0, 0, time.UTC))
+		xids := make(chan XidReport, 10)
+		rd.Xids, rd.UserSpaceXids = xids, on
+		kills := make(chan OOMKill, 10)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := rd.Run(ctx, kills); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		close(xids)
+		close(kills)
+		n := 0
+		for x := range xids {
+			n++
+			if x.Xid.Code != 79 || x.Xid.Address.String() != "0001:10:00.0" {
+				t.Errorf("UserSpaceXids=%v: report %+v", on, x)
+			}
+		}
+		if want := map[bool]int{false: 0, true: 1}[on]; n != want {
+			t.Errorf("UserSpaceXids=%v: %d Xid reports, want %d", on, n, want)
+		}
+		for k := range kills {
+			t.Errorf("UserSpaceXids=%v: an OOM kill read from a user-space record: %+v", on, k)
+		}
+	}
+}
