@@ -13,6 +13,8 @@ package deviceplugin
 //	                              bad N, 500 when the kernel log cannot be written (nothing
 //	                              changed then)
 //	POST /devices/{id}/heal       200 the device, now Healthy; 404 likewise
+//	POST /devices/{id}/xid?code=N 200 the device, its health unchanged, after an Xid line
+//	                              for its PCI address in the kernel log; 400 for a bad N
 //
 // Errors have a plain-text body of one line. By hand:
 //
@@ -67,6 +69,26 @@ func ControlHandler(p *Plugin) http.Handler {
 	}
 	mux.HandleFunc("POST /devices/{id}/fail", setHealth(false))
 	mux.HandleFunc("POST /devices/{id}/heal", setHealth(true))
+	mux.HandleFunc("POST /devices/{id}/xid", func(w http.ResponseWriter, req *http.Request) {
+		q := req.URL.Query().Get("code")
+		code, perr := strconv.Atoi(q)
+		if perr != nil || code < MinXid || code > MaxXid {
+			http.Error(w, fmt.Sprintf("code %q: want an Xid number from %d to %d", q, MinXid, MaxXid), http.StatusBadRequest)
+			return
+		}
+		var res FailResult
+		var err error
+		res.Device, res.Xid, err = p.WriteXid(req.PathValue("id"), code)
+		var unknown *UnknownDeviceError
+		switch {
+		case errors.As(err, &unknown):
+			http.Error(w, err.Error(), http.StatusNotFound)
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		default:
+			writeJSON(w, res)
+		}
+	})
 	return mux
 }
 
@@ -161,6 +183,20 @@ func (c *ControlClient) setHealth(ctx context.Context, id, verb string, xid int)
 }
 
 // Close releases the client's idle connections.
+// WriteXid writes an Xid line of code for the device's PCI address to its node's kernel
+// log, its health left as it is; it returns the device and the line.
+func (c *ControlClient) WriteXid(ctx context.Context, id string, code int) (Device, string, error) {
+	if id == "" {
+		return Device{}, "", errors.New("no device ID")
+	}
+	if code < MinXid || code > MaxXid {
+		return Device{}, "", fmt.Errorf("xid %d: want a number from %d to %d", code, MinXid, MaxXid)
+	}
+	var out FailResult
+	err := c.call(ctx, http.MethodPost, "/devices/"+url.PathEscape(id)+"/xid?code="+strconv.Itoa(code), &out)
+	return out.Device, out.Xid, err
+}
+
 func (c *ControlClient) Close() { c.http.CloseIdleConnections() }
 
 func (c *ControlClient) call(ctx context.Context, method, path string, out any) error {

@@ -109,6 +109,28 @@ func TestControlRoundTrip(t *testing.T) {
 		t.Errorf("GPU-1 after refused fails: %+v", p.Devices()[1])
 	}
 
+	// An Xid line alone: the kernel log gets it, the device stays Healthy, no update.
+	before, _ := os.ReadFile(kmsg)
+	d, line, err = c.WriteXid(testContext(t), "GPU-1", 13)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Health != "Healthy" || !strings.HasPrefix(line, "NVRM: Xid (PCI:0000:11:00): 13, ") {
+		t.Errorf("WriteXid: %+v, %q", d, line)
+	}
+	if b, _ := os.ReadFile(kmsg); string(b) != string(before)+"<3>"+line+"\n" {
+		t.Errorf("kernel log after WriteXid: %q", b)
+	}
+	if p.Devices()[1].Health != "Healthy" {
+		t.Errorf("GPU-1 after WriteXid: %+v, want Healthy", p.Devices()[1])
+	}
+	if err := c.call(testContext(t), "POST", "/devices/GPU-1/xid?code=0", &res); err == nil || !strings.Contains(err.Error(), "400") {
+		t.Errorf("xid?code=0: %v, want a 400", err)
+	}
+	if _, _, err := c.WriteXid(testContext(t), "GPU-7", 13); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("WriteXid of an unknown device: %v, want a 404", err)
+	}
+
 	for _, id := range []string{"GPU-7", "", "../devices"} {
 		if _, err := c.Fail(testContext(t), id); err == nil {
 			t.Errorf("Fail(%q): no error", id)

@@ -188,6 +188,25 @@ func (p *Plugin) FailWithXid(id string, code int) (Device, string, error) {
 	return d, line, err
 }
 
+// WriteXid writes an Xid line of code for the device's PCI address to its node's kernel
+// log and leaves its health as it is: what a driver logs when NVIDIA's plugin does not
+// (yet) mark the GPU Unhealthy (an application Xid, which it skips; a hardware one it has
+// not read yet). It returns the device and the line.
+func (p *Plugin) WriteXid(id string, code int) (Device, string, error) {
+	devices, err := p.lookup([]string{id})
+	if err != nil {
+		return Device{}, "", err
+	}
+	line, err := XidLine(devices[0].PCI, code)
+	if err != nil {
+		return devices[0], "", err
+	}
+	if err := writeKmsg(p.opts.Kmsg, line); err != nil {
+		return devices[0], "", err
+	}
+	return devices[0], line, nil
+}
+
 // healthOf is pluginapi's word for healthy.
 func healthOf(healthy bool) string {
 	if healthy {

@@ -191,6 +191,21 @@ func (g GPUControl) Fail(ctx context.Context, id string, code int) (deviceplugin
 	return g.Client.FailWithXid(ctx, id, code)
 }
 
+// Xid writes an Xid line of code for the device id in the node's kernel log, its health
+// left as it is; it returns the device and the line.
+func (g GPUControl) Xid(ctx context.Context, id string, code int) (deviceplugin.Device, string, error) {
+	ds, err := g.List(ctx)
+	if err != nil {
+		return deviceplugin.Device{}, "", err
+	}
+	if _, err := g.find(ds, id); err != nil {
+		return deviceplugin.Device{}, "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return g.Client.WriteXid(ctx, id, code)
+}
+
 // Heal turns the device id Healthy, or every Unhealthy device when id is ""; it returns
 // the devices it healed.
 func (g GPUControl) Heal(ctx context.Context, id string) ([]deviceplugin.Device, error) {

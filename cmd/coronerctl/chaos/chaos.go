@@ -47,7 +47,11 @@ In coroner's lab on this machine (make lab; root), or on a node of its kind clus
                      with --xid N, first the NVIDIA driver's Xid line N for its PCI address in the
                      node's kernel log
   device-heal NODE [DEVICE]
-                     turn it Healthy again (default: every Unhealthy one of the node)`
+                     turn it Healthy again (default: every Unhealthy one of the node)
+  device-xid NODE DEVICE|pod/NAME --xid N
+                     only write the NVIDIA driver's Xid line N for the device's PCI address to the
+                     node's kernel log, its health left as it is (NVIDIA's plugin leaves a GPU
+                     Healthy on an application Xid: 13, 31, 43, 45, 68, 109)`
 
 // Options are the flags of `coronerctl chaos`.
 type Options struct {
@@ -95,7 +99,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PullPolicy, "image-pull-policy", o.PullPolicy, "preempt: the preemptor's imagePullPolicy: Always, IfNotPresent or Never.")
 	fs.Int32Var(&o.Priority, "priority", o.Priority, "preempt: the preemptor's priority; pods of this priority or more are not preempted.")
 	fs.StringVar(&o.LabDir, "lab-repo", o.LabDir, "The coroner repository whose lab partition, heal, kill-kubelet, start-kubelet, oom and the device actions act on; default the one that holds the working directory or coronerctl.")
-	fs.IntVar(&o.Xid, "xid", o.Xid, "device-fail: first write the NVIDIA driver's Xid line of this number (1-999; 79: fallen off the bus, 48: double-bit ECC) for the device's PCI address to the node's kernel log.")
+	fs.IntVar(&o.Xid, "xid", o.Xid, "device-fail: first write the NVIDIA driver's Xid line of this number; device-xid: write only that line, the device's health left as it is (1-999; 79: fallen off the bus, 48: double-bit ECC) for the device's PCI address to the node's kernel log.")
 }
 
 // actions maps each action to whether it acts on a node or a pod, and whether it needs
@@ -111,6 +115,7 @@ var actions = map[string]struct {
 	"partition": {"NODE", true, ""}, "heal": {"NODE", true, ""}, "kill-kubelet": {"NODE", true, ""},
 	"start-kubelet": {"NODE", true, ""}, "oom": {"POD", true, ""},
 	"devices": {"NODE", true, ""}, "device-fail": {"NODE", true, "DEVICE|pod/NAME"}, "device-heal": {"NODE", true, "DEVICE"},
+	"device-xid": {"NODE", true, "DEVICE|pod/NAME"},
 }
 
 // Validate checks the arguments and flags before anything is done.
@@ -140,8 +145,11 @@ func (o *Options) Validate(args []string) error {
 	if o.Node && args[0] != "oom" {
 		errs = append(errs, fmt.Errorf("--node is a flag of oom, not of %s", args[0]))
 	}
-	if o.Xid != 0 && args[0] != "device-fail" {
-		errs = append(errs, fmt.Errorf("--xid is a flag of device-fail, not of %s", args[0]))
+	if o.Xid != 0 && args[0] != "device-fail" && args[0] != "device-xid" {
+		errs = append(errs, fmt.Errorf("--xid is a flag of device-fail and device-xid, not of %s", args[0]))
+	}
+	if args[0] == "device-xid" && (o.Xid == 0 || len(args) != 3) {
+		errs = append(errs, errors.New("usage: coronerctl chaos device-xid NODE DEVICE|pod/NAME --xid N"))
 	}
 	if o.Xid < 0 || o.Xid > 999 {
 		errs = append(errs, fmt.Errorf("--xid must be an Xid number from 1 to 999, got %d", o.Xid))

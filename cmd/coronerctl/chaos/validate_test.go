@@ -22,7 +22,11 @@ func TestValidateDeviceActions(t *testing.T) {
 		{args: []string{"device-fail", "lab-node-1"}, xid: 1000, wantErr: "--xid must be an Xid number from 1 to 999"},
 		{args: []string{"device-heal", "lab-node-1"}},
 		{args: []string{"device-heal", "lab-node-1", "GPU-0"}},
-		{args: []string{"device-heal", "lab-node-1"}, xid: 79, wantErr: "--xid is a flag of device-fail, not of device-heal"},
+		{args: []string{"device-heal", "lab-node-1"}, xid: 79, wantErr: "--xid is a flag of device-fail and device-xid, not of device-heal"},
+		{args: []string{"device-xid", "lab-node-1", "GPU-0"}, xid: 13},
+		{args: []string{"device-xid", "lab-node-1", "pod/train-0"}, xid: 79},
+		{args: []string{"device-xid", "lab-node-1", "GPU-0"}, wantErr: "usage: coronerctl chaos device-xid NODE DEVICE|pod/NAME --xid N"},
+		{args: []string{"device-xid", "lab-node-1"}, xid: 13, wantErr: "usage: coronerctl chaos device-xid"},
 		{args: []string{"partition", "lab-node-1", "GPU-0"}, wantErr: "usage: coronerctl chaos partition NODE"},
 	}
 	for _, tc := range cases {

@@ -21,7 +21,7 @@ import (
 )
 
 // deviceActions take a NODE and, but devices, an optional DEVICE.
-var deviceActions = map[string]bool{"devices": true, "device-fail": true, "device-heal": true}
+var deviceActions = map[string]bool{"devices": true, "device-fail": true, "device-heal": true, "device-xid": true}
 
 // podPrefix names a DEVICE by the pod that holds it: pod/NAME.
 const podPrefix = "pod/"
@@ -29,10 +29,13 @@ const podPrefix = "pod/"
 // runDevices does a device action; args are NODE [DEVICE].
 func (o *chaosOptions) runDevices(ctx context.Context, action string, args []string, w io.Writer) (string, error) {
 	if len(args) < 1 || len(args) > 2 || args[0] == "" || (action == "devices" && len(args) != 1) {
-		return "", fmt.Errorf("usage: coroner-lab chaos devices NODE, device-fail NODE [DEVICE|pod/NAME] [--xid N], device-heal NODE [DEVICE]")
+		return "", fmt.Errorf("usage: coroner-lab chaos devices NODE, device-fail NODE [DEVICE|pod/NAME] [--xid N], device-heal NODE [DEVICE], device-xid NODE DEVICE|pod/NAME --xid N")
 	}
-	if o.Xid != 0 && action != "device-fail" {
-		return "", fmt.Errorf("--xid is a flag of device-fail, not of %s", action)
+	if o.Xid != 0 && action != "device-fail" && action != "device-xid" {
+		return "", fmt.Errorf("--xid is a flag of device-fail and device-xid, not of %s", action)
+	}
+	if action == "device-xid" && (o.Xid == 0 || len(args) != 2) {
+		return "", fmt.Errorf("usage: coroner-lab chaos device-xid NODE DEVICE|pod/NAME --xid N (the Xid line alone, the device's health left as it is)")
 	}
 	if o.Xid != 0 && (o.Xid < deviceplugin.MinXid || o.Xid > deviceplugin.MaxXid) {
 		return "", fmt.Errorf("--xid %d: want an Xid number from %d to %d (79: GPU fallen off the bus, 48: double-bit ECC error)", o.Xid, deviceplugin.MinXid, deviceplugin.MaxXid)
@@ -58,7 +61,7 @@ func (o *chaosOptions) runDevices(ctx context.Context, action string, args []str
 	}
 	defer release()
 	if strings.HasPrefix(device, podPrefix) {
-		if action != "device-fail" {
+		if action != "device-fail" && action != "device-xid" {
 			return "", fmt.Errorf("%s takes a device ID, not a pod", action)
 		}
 		if device, err = o.podDevice(ctx, cfg, node, strings.TrimPrefix(device, podPrefix)); err != nil {
@@ -88,6 +91,15 @@ func (o *chaosOptions) runDevices(ctx context.Context, action string, args []str
 		fmt.Fprintf(w, "device-fail: %s %s of %s (PCI %s) is %s: its health file in a container that holds it (%s/%s) says so now, the kubelet reports it in the pod's allocatedResourcesStatus and the node's allocatable within seconds\n",
 			lab.TestGPUResource, d.ID, node, d.PCI, d.Health, deviceplugin.ContainerHealthDir, d.ID)
 		return "coronerctl chaos device-heal " + cli.Quote(node) + " " + cli.Quote(d.ID), nil
+	case "device-xid":
+		d, line, err := g.Xid(ctx, device, o.Xid)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(w, "device-xid: wrote to the kernel log of %s: %s\n", node, line)
+		fmt.Fprintf(w, "device-xid: %s %s of %s (PCI %s) stays %s in its plugin, as NVIDIA's plugin leaves a GPU on an application Xid (13, 31, 43, 45, 68, 109)\n",
+			lab.TestGPUResource, d.ID, node, d.PCI, d.Health)
+		return "", nil
 	case "device-heal":
 		healed, err := g.Heal(ctx, device)
 		for _, d := range healed {

@@ -40,7 +40,7 @@ usage: coroner-lab [flags] COMMAND
               the node-side actions of coronerctl chaos, which runs this for them:
               partition|heal|kill-kubelet|start-kubelet NODE, oom POD [--node],
               devices NODE, device-fail NODE [DEVICE|pod/NAME] [--xid N],
-              device-heal NODE [DEVICE], on a node of the lab or of the kind cluster
+              device-heal NODE [DEVICE], device-xid NODE DEVICE|pod/NAME --xid N, on a node of the lab or of the kind cluster
               (make kind-lab)`
 
 func main() {
@@ -62,7 +62,7 @@ func main() {
 	fs.StringVar(&chaos.Kubeconfig, "kubeconfig", "", "chaos oom: the kubeconfig (default $KUBECONFIG, else the lab's)")
 	fs.StringVar(&chaos.Context, "context", "", "chaos oom: the kubeconfig context")
 	fs.StringVarP(&chaos.Namespace, "namespace", "n", "", "chaos oom: the POD's namespace (default the context's)")
-	fs.IntVar(&chaos.Xid, "xid", 0, "chaos device-fail: first write the NVIDIA driver's Xid line of this number for the device's PCI address to the node's kernel log")
+	fs.IntVar(&chaos.Xid, "xid", 0, "chaos device-fail: first write (device-xid: write only) the NVIDIA driver's Xid line of this number for the device's PCI address to the node's kernel log")
 	cli.Parse(fs, summary, os.Args[1:])
 	if fs.NArg() >= 1 && fs.Arg(0) == "chaos" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
