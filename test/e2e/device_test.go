@@ -112,12 +112,12 @@ func deviceHealth(p *corev1.Pod, device string) corev1.ResourceHealthStatus {
 	return ""
 }
 
-// otherDevice is the node's test GPU that is not id (the plugin names them gpu-0, gpu-1).
+// otherDevice is the node's test GPU that is not id (the plugin names them GPU-0, GPU-1).
 func otherDevice(id string) string {
-	if id == "gpu-0" {
-		return "gpu-1"
+	if id == "GPU-0" {
+		return "GPU-1"
 	}
-	return "gpu-0"
+	return "GPU-0"
 }
 
 // healAll turns every test GPU of node healthy again when the test ends.
@@ -173,7 +173,8 @@ func itsDeviceFails(t *testing.T, node string) {
 	if d := deviceOf(&pods[1]); d == dev && pods[1].Spec.NodeName == node {
 		t.Errorf("the replacement got the failed device %s on %s", dev, node)
 	}
-	wantEvent(ctx, t, ns, j.Name, conditions.EventReasonPodFailurePolicy, conditions.ReasonDeviceFailure, "Ignore")
+	// coroner-shim's Event for the pod: the agent's verdict and what the rule did with it.
+	wantEvent(ctx, t, ns, j.Name, conditions.ReasonDeviceFailure, first.Name, dev, "not counted", "Ignore on DisruptionTarget")
 	out := coronerctl(ctx, t, "explain", "job", "-n", ns, j.Name)
 	for _, want := range []string{"device", string(testGPU), dev} {
 		if !strings.Contains(out, want) {
