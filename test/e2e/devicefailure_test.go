@@ -216,7 +216,7 @@ func xidCase(t *testing.T, node string, xid int, blamed bool) {
 	createJob(ctx, t, j)
 	first := waitRunning(ctx, t, ns, j.Name, 1, budget(node, time.Minute))[0]
 	dev := heldDevice(ctx, t, ns, first.Name, node)
-	coronerctl(ctx, t, "chaos", "device-xid", node, dev, fmt.Sprint(xid))
+	coronerctl(ctx, t, "chaos", "device-xid", node, dev, "--xid", fmt.Sprint(xid))
 
 	got := waitFinished(ctx, t, ns, j.Name, budget(node, 2*time.Minute))
 	p := pod(ctx, t, ns, first.Name)
