@@ -112,6 +112,11 @@ bench-beside: ## the agent beside the built-in Job controller on the lab that is
 	$(GO) run ./test/bench/beside $(BENCH_ARGS)
 
 .PHONY: bench-p2
+.PHONY: bench-device
+bench-device: ## the agent's device verdict beside the built-in Job controller on the lab that is up (make lab first; LAB_VM=1 for the VM node): per node configuration 100 Jobs without managedBy whose pod dies the moment its test GPU fails, decided by their FailJob-on-coroner.dev/DeviceFailed rule vs miscounted, the verdict's latency beside the kubelet's status update; _output/bench/device.json (root; BENCH_ARGS=-kind on the kind cluster)
+	$(ROOT_CHECK)
+	$(GO) run ./test/bench/device $(BENCH_ARGS)
+
 bench-p2: ## P2 against the kubelet on the lab that is up (make lab first; never brings one up or down): per node configuration 200 exits + 50 limit OOMs (the VM node 20 + 5), finishedAt -> coroner's stamp and -> the kubelet's status, agent/kubelet/containerd RSS and CPU; _output/bench/p2.json (root; measured on two process nodes: ~16 min with the VM node, ~9 without; lab-node-3, now a default, adds a third)
 	$(ROOT_CHECK)
 	$(GO) run ./test/bench/kubelet $(BENCH_ARGS)
