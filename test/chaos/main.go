@@ -57,6 +57,7 @@ var allScenarios = []scenario{
 	{"agent-rollout", agentRollout},
 	{"containerd-restart", containerdRestart},
 	{"partition", partition},
+	{"device-storm", deviceStorm},
 }
 
 // result is what a scenario found.
