@@ -97,7 +97,7 @@ func (o *chaosOptions) runDevices(ctx context.Context, action string, args []str
 			return "", err
 		}
 		fmt.Fprintf(w, "device-xid: wrote to the kernel log of %s: %s\n", node, line)
-		fmt.Fprintf(w, "device-xid: %s %s of %s (PCI %s) stays %s in its plugin, as NVIDIA's plugin leaves a GPU on an application Xid (13, 31, 43, 45, 68, 109)\n",
+		fmt.Fprintf(w, "device-xid: %s %s of %s (PCI %s) stays %s in its plugin: only the kernel log says it (as NVIDIA's plugin leaves a GPU on an application Xid: 13, 31, 43, 45, 68, 109)\n",
 			lab.TestGPUResource, d.ID, node, d.PCI, d.Health)
 		return "", nil
 	case "device-heal":
