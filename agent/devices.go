@@ -10,6 +10,8 @@ package agent
 //     Unhealthy, or a fault logged, within the window after the death) is judged again at
 //     the window's end, and earlier when new evidence for that container comes (a pod
 //     update turning one of its devices Unhealthy, a hardware Xid on one of its GPUs);
+//   - a pod the kubelet refused at admission because it could not allocate its device (one
+//     turned Unhealthy after the scheduler placed the pod) is stamped at once;
 //   - a pod the agent finds Failed, holding devices, without a DeviceFailed condition and
 //     with a failed container the runtime no longer reports (its containers removed while
 //     the agent was not running) is judged from its status (itemDevicePod).
@@ -54,7 +56,11 @@ func (a *Agent) observeDevices(pod *corev1.Pod) {
 		a.requeueDevices(pod.UID, turned...)
 	}
 	if pod.Status.Phase == corev1.PodFailed && conditions.Find(&pod.Status, conditions.DeviceFailed) == nil {
-		a.queue.AddAfter(devicePodItem(pod.UID), deviceResyncDelay)
+		delay := deviceResyncDelay
+		if _, refused := conditions.AdmissionDeviceFailure(pod); refused {
+			delay = 0 // no container ran: no runtime exit will come
+		}
+		a.queue.AddAfter(devicePodItem(pod.UID), delay)
 	}
 }
 
@@ -151,6 +157,10 @@ func (a *Agent) processDevicePod(uid types.UID) {
 		return
 	}
 	now := a.clock.Now()
+	if v, f, ok := classify.DecideAdmission(pod, now); ok {
+		a.deviceJudged(a.logger.WithValues("pod", klog.KObj(pod), "from", "pod status"), pod, v, f)
+		return
+	}
 	var first *classify.DeviceFacts
 	var firstV classify.DeviceVerdict
 	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {

@@ -264,6 +264,39 @@ func TestDeviceVerdictFromStatus(t *testing.T) {
 	}
 }
 
+// TestDeviceVerdictOnAdmission: a pod the kubelet refused at admission because its GPU
+// turned Unhealthy after the scheduler placed it (the kubelet v1.36.3's status, seen on
+// the lab) is stamped a device failure at once, though no container ran; a pod refused
+// for another reason is not.
+func TestDeviceVerdictOnAdmission(t *testing.T) {
+	refused := func(name string, uid types.UID, msg string) *corev1.Pod {
+		p := newPod(name, uid, corev1.RestartPolicyNever, "main")
+		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{testGPU: resource.MustParse("1")}
+		p.Status.Phase, p.Status.Reason, p.Status.Message = corev1.PodFailed, conditions.ReasonUnexpectedAdmissionError, msg
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+			ExitCode: 137, Reason: "ContainerStatusUnknown", Message: "The container could not be located when the pod was terminated"}}}}
+		return p
+	}
+	p := refused("refused", "e2e2e2e2-e2e2-4e2e-8e2e-e2e2e2e2e2e2",
+		"Pod was rejected: Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "+testGPU+", which is unexpected")
+	other := refused("other", "e3e3e3e3-e3e3-4e3e-8e3e-e3e3e3e3e3e3", "Pod was rejected: failed to sync secret cache: timed out waiting for the condition")
+	e := newTestEnv(t, nil, p, other)
+	e.stepUntil("the admission verdict", 200*time.Millisecond, func() bool {
+		return conditions.IsTrue(&e.pod("refused").Status, conditions.DeviceFailed)
+	})
+	c := e.deviceCondition("refused", conditions.DisruptionTarget)
+	if c == nil || c.Status != corev1.ConditionTrue || c.Reason != conditions.ReasonDeviceFailure ||
+		!strings.Contains(c.Message, "the kubelet refused the pod: it could not allocate its device "+testGPU) {
+		t.Errorf("DisruptionTarget %+v", c)
+	}
+	if c := e.deviceCondition("other", conditions.DisruptionTarget); c != nil {
+		t.Errorf("a pod refused for another reason was stamped: %+v", c)
+	}
+	if c := e.deviceCondition("other", conditions.DeviceFailed); c != nil && c.Status == corev1.ConditionTrue {
+		t.Errorf("a pod refused for another reason blamed on a device: %+v", c)
+	}
+}
+
 // stubPodResources answers List with fixed devices.
 type stubPodResources []AllocatedDevices
 

@@ -71,3 +71,31 @@ func IsDeviceResource(name corev1.ResourceName) bool {
 	}
 	return domain != "kubernetes.io" && !strings.HasSuffix(domain, ".kubernetes.io")
 }
+
+// ReasonUnexpectedAdmissionError is the kubelet's status.reason for a pod it refused at
+// admission after the scheduler had placed it, among others when its device manager
+// could not allocate the pod's devices.
+const ReasonUnexpectedAdmissionError = "UnexpectedAdmissionError"
+
+// AdmissionDeviceFailure reports whether the kubelet refused p, a Failed pod, because it
+// could not allocate a device the pod asks for: status.reason UnexpectedAdmissionError and
+// a device manager's "Allocate failed" message naming one of the pod's device resources.
+// The kubelet v1.36.3 writes, when a device turned Unhealthy (or was taken) between the
+// scheduler's choice and the kubelet's admission (measured on the lab, test GPUs failing
+// while pods were placed):
+//
+//	Pod was rejected: Allocate failed due to no healthy devices present; cannot allocate unhealthy devices coroner.dev/test-gpu, which is unexpected
+//	Pod was rejected: Allocate failed due to requested number of devices unavailable for coroner.dev/test-gpu. Requested: 1, Available: 0, which is unexpected
+//
+// It returns the resource the message names.
+func AdmissionDeviceFailure(p *corev1.Pod) (string, bool) {
+	if p.Status.Phase != corev1.PodFailed || p.Status.Reason != ReasonUnexpectedAdmissionError || !strings.Contains(p.Status.Message, "Allocate failed") {
+		return "", false
+	}
+	for _, r := range DeviceResources(p) {
+		if !strings.HasPrefix(r, "claim:") && strings.Contains(p.Status.Message, r) {
+			return r, true
+		}
+	}
+	return "", false
+}

@@ -19,6 +19,9 @@ const (
 	DeviceSignalKubelet = "kubelet"
 	// DeviceSignalDriver: a hardware fault the device's driver logged (an NVIDIA Xid).
 	DeviceSignalDriver = "driver"
+	// DeviceSignalAdmission: the kubelet refused the pod at admission, unable to allocate
+	// its device (AdmissionDeviceFailure); no container ran.
+	DeviceSignalAdmission = "admission"
 )
 
 // DeviceVerdict is coroner-agent's device verdict on a pod, as its conditions say it.
@@ -72,8 +75,9 @@ func DeviceVerdictOf(p *corev1.Pod) (DeviceVerdict, bool) {
 }
 
 var (
-	kubeletVerdict = regexp.MustCompile(`container (\S+) died: its device (\S+) (\S+) is (\S+) \(the kubelet's device health\) since (.+?)\s*$`)
-	driverVerdict  = regexp.MustCompile(`container (\S+) died: its device (\S+) (\S+) reported a hardware fault \(code (-?\d+)\) at (\S+?)(?:: (.*))?\s*$`)
+	kubeletVerdict   = regexp.MustCompile(`container (\S+) died: its device (\S+) (\S+) is (\S+) \(the kubelet's device health\) since (.+?)\s*$`)
+	admissionVerdict = regexp.MustCompile(`the kubelet refused the pod: it could not allocate its device (\S+)(?: \((.*)\))?\s*$`)
+	driverVerdict    = regexp.MustCompile(`container (\S+) died: its device (\S+) (\S+) reported a hardware fault \(code (-?\d+)\) at (\S+?)(?:: (.*))?\s*$`)
 )
 
 // parse reads the agent's DeviceFailure message (agent/classify's StampMessage).
@@ -81,6 +85,10 @@ func (v *DeviceVerdict) parse(msg string) {
 	if m := kubeletVerdict.FindStringSubmatch(msg); m != nil {
 		v.Parsed, v.Container, v.Resource, v.ID, v.Signal, v.Health = true, m[1], m[2], m[3], DeviceSignalKubelet, m[4]
 		v.At, _ = time.Parse(time.RFC3339, m[5])
+		return
+	}
+	if m := admissionVerdict.FindStringSubmatch(msg); m != nil {
+		v.Parsed, v.Resource, v.Signal, v.Detail = true, m[1], DeviceSignalAdmission, m[2]
 		return
 	}
 	if m := driverVerdict.FindStringSubmatch(msg); m != nil {

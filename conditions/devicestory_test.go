@@ -14,6 +14,7 @@ func TestDeviceVerdictOf(t *testing.T) {
 	at := time.Date(2026, 12, 7, 19, 40, 1, 0, time.UTC)
 	kubelet := "container main died: its device coroner.dev/test-gpu gpu-0 is Unhealthy (the kubelet's device health) since 2026-12-07T19:40:01Z"
 	driver := "container main died: its device nvidia.com/gpu GPU-2f6c reported a hardware fault (code 79) at 2026-12-07T19:40:01Z: GPU has fallen off the bus"
+	admission := "the kubelet refused the pod: it could not allocate its device coroner.dev/test-gpu (Allocate failed due to no healthy devices present; cannot allocate unhealthy devices coroner.dev/test-gpu, which is unexpected)"
 	pod := func(conds ...corev1.PodCondition) *corev1.Pod {
 		return &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed, Conditions: conds}}
 	}
@@ -35,6 +36,9 @@ func TestDeviceVerdictOf(t *testing.T) {
 		{name: "the driver's fault", pod: pod(df(corev1.ConditionTrue, ReasonDeviceFailure, driver), dt(ReasonDeviceFailure, driver)), ok: true,
 			want: DeviceVerdict{Failed: true, Condition: df(corev1.ConditionTrue, ReasonDeviceFailure, driver), Parsed: true, Container: "main",
 				Resource: "nvidia.com/gpu", ID: "GPU-2f6c", Signal: DeviceSignalDriver, Code: 79, Detail: "GPU has fallen off the bus", At: at}},
+		{name: "refused at admission", pod: pod(dt(ReasonDeviceFailure, admission), df(corev1.ConditionTrue, ReasonDeviceFailure, admission)), ok: true,
+			want: DeviceVerdict{Failed: true, Condition: df(corev1.ConditionTrue, ReasonDeviceFailure, admission), Parsed: true,
+				Resource: "coroner.dev/test-gpu", Signal: DeviceSignalAdmission, Detail: "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices coroner.dev/test-gpu, which is unexpected"}},
 		{name: "a time not known", pod: pod(dt(ReasonDeviceFailure, "container main died: its device example.com/gpu dev-1 is Unhealthy (the kubelet's device health) since a time not known")), ok: true,
 			want: DeviceVerdict{Failed: true, Condition: dt(ReasonDeviceFailure, "container main died: its device example.com/gpu dev-1 is Unhealthy (the kubelet's device health) since a time not known"),
 				Parsed: true, Container: "main", Resource: "example.com/gpu", ID: "dev-1", Signal: DeviceSignalKubelet, Health: "Unhealthy"}},

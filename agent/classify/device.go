@@ -11,9 +11,12 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/coroner-dev/coroner/conditions"
 )
 
 // Signal is where the word that a device failed came from.
@@ -26,6 +29,10 @@ const (
 	// SignalDriver: a hardware fault the device's driver wrote to the kernel log (an
 	// NVIDIA Xid, agent/nvidia), before or without the plugin's health.
 	SignalDriver Signal = "driver"
+	// SignalAdmission: the kubelet refused the pod at admission because it could not
+	// allocate its device (conditions.AdmissionDeviceFailure): a device turned Unhealthy
+	// between the scheduler's choice and the kubelet's admission. No container ran.
+	SignalAdmission Signal = "admission"
 )
 
 // DeviceHealth is what the agent knows of one device allocated to a container.
@@ -94,6 +101,19 @@ type DeviceVerdict struct {
 	Message string // SignalDriver: the driver's text
 }
 
+// DecideAdmission is the device verdict on a pod the kubelet refused at admission because
+// it could not allocate a device the pod asks for (conditions.AdmissionDeviceFailure), or
+// false. Its facts name no container and no exit (none ran).
+func DecideAdmission(pod *corev1.Pod, now time.Time) (DeviceVerdict, DeviceFacts, bool) {
+	resource, ok := conditions.AdmissionDeviceFailure(pod)
+	if !ok {
+		return DeviceVerdict{}, DeviceFacts{}, false
+	}
+	msg := strings.TrimPrefix(pod.Status.Message, "Pod was rejected: ")
+	return DeviceVerdict{Failed: true, Resource: resource, Signal: SignalAdmission, At: now, Message: msg},
+		DeviceFacts{Now: now, FinishedAt: now}, true
+}
+
 // DecideDevice judges one container's death by its devices:
 //
 //   - a container that succeeded (exit 0, no signal), or that held no device, is never
@@ -156,6 +176,13 @@ func (v DeviceVerdict) StampMessage(container string) string {
 	when := "a time not known"
 	if !v.At.IsZero() {
 		when = v.At.UTC().Format(time.RFC3339)
+	}
+	if v.Signal == SignalAdmission {
+		msg := fmt.Sprintf("the kubelet refused the pod: it could not allocate its device %s", v.Resource)
+		if v.Message != "" {
+			msg += " (" + v.Message + ")"
+		}
+		return msg
 	}
 	if v.Signal == SignalDriver {
 		msg := fmt.Sprintf("container %s died: its device %s %s reported a hardware fault (code %d) at %s", container, v.Resource, v.ID, v.Code, when)

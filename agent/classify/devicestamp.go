@@ -65,10 +65,11 @@ func (v DeviceVerdict) EventTime(f DeviceFacts) time.Time {
 //     running pod).
 //   - A death that is no death (exit 0, no signal): none.
 func StampsForDevice(pod *corev1.Pod, v DeviceVerdict, f DeviceFacts) []Stamp {
-	if pod == nil || !v.WaitUntil.IsZero() || (f.ExitCode == 0 && f.Signal == 0) {
+	admission := v.Failed && v.Signal == SignalAdmission
+	if pod == nil || !v.WaitUntil.IsZero() || (f.ExitCode == 0 && f.Signal == 0 && !admission) {
 		return nil
 	}
-	if conditions.Find(&pod.Status, conditions.DeviceFailed) != nil || ContainerWillRestart(pod, f.Container, f.ExitCode) {
+	if conditions.Find(&pod.Status, conditions.DeviceFailed) != nil || (!admission && ContainerWillRestart(pod, f.Container, f.ExitCode)) {
 		return nil
 	}
 	at := metav1.NewTime(v.EventTime(f))

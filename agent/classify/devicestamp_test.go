@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/coroner-dev/coroner/conditions"
@@ -91,5 +92,42 @@ func TestStampsForDevice(t *testing.T) {
 	unknown.Devices = nil
 	if msg := NoDeviceFailureMessage(unknown); !strings.Contains(msg, "not known") {
 		t.Errorf("message without devices %q", msg)
+	}
+}
+
+// TestDecideAdmission: a pod the kubelet refused because it could not allocate its GPU is
+// a device failure, stamped though no container ran, in words conditions.DeviceVerdictOf
+// (coroner-shim's Events, coronerctl explain) reads back.
+func TestDecideAdmission(t *testing.T) {
+	now := time.Date(2026, 12, 7, 20, 34, 19, 0, time.UTC)
+	p := &corev1.Pod{
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{"coroner.dev/test-gpu": resource.MustParse("1")}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: conditions.ReasonUnexpectedAdmissionError,
+			// The kubelet v1.36.3's words, from the lab's device storm.
+			Message:           "Pod was rejected: Allocate failed due to requested number of devices unavailable for coroner.dev/test-gpu. Requested: 1, Available: 0, which is unexpected",
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "main", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137, Reason: "ContainerStatusUnknown"}}}}},
+	}
+	v, f, ok := DecideAdmission(p, now)
+	if !ok || !v.Failed || v.Signal != SignalAdmission || v.Resource != "coroner.dev/test-gpu" {
+		t.Fatalf("DecideAdmission = %+v, %v", v, ok)
+	}
+	stamps := StampsForDevice(p, v, f)
+	if len(stamps) != 2 || stamps[0].Condition.Type != conditions.DisruptionTarget || stamps[1].Condition.Type != conditions.DeviceFailed {
+		t.Fatalf("stamps %+v, want DisruptionTarget and DeviceFailed", stamps)
+	}
+	stamped := p.DeepCopy()
+	for _, s := range stamps {
+		stamped.Status.Conditions = append(stamped.Status.Conditions, *s.Condition)
+	}
+	back, ok := conditions.DeviceVerdictOf(stamped)
+	if !ok || !back.Parsed || back.Signal != conditions.DeviceSignalAdmission || back.Resource != "coroner.dev/test-gpu" ||
+		back.Detail != "Allocate failed due to requested number of devices unavailable for coroner.dev/test-gpu. Requested: 1, Available: 0, which is unexpected" {
+		t.Errorf("read back %+v from %q", back, stamps[1].Condition.Message)
+	}
+	other := p.DeepCopy()
+	other.Status.Message = "Pod was rejected: node(s) didn't have free ports for the requested pod ports"
+	if _, _, ok := DecideAdmission(other, now); ok {
+		t.Errorf("another admission error taken for a device failure")
 	}
 }

@@ -49,7 +49,7 @@ func AwaitsDeviceVerdict(pfp *batchv1.PodFailurePolicy, pod *corev1.Pod) (Device
 			return DeviceDeath{}, false
 		}
 	}
-	d, ok := lastFailingExit(pod)
+	d, ok := DeviceDeathOf(pod)
 	if !ok || !conditions.HoldsDevices(pod) || !DeviceVerdictMatters(pfp, pod) {
 		return DeviceDeath{}, false
 	}
@@ -97,8 +97,21 @@ func DeviceVerdictMatters(pfp *batchv1.PodFailurePolicy, pod *corev1.Pod) bool {
 
 // DeviceDeathOf is the failing container exit (a non-zero code or a signal) of pod that
 // finished last, which coroner-agent's device verdict is about; false when none has a
-// finishedAt.
-func DeviceDeathOf(pod *corev1.Pod) (DeviceDeath, bool) { return lastFailingExit(pod) }
+// finishedAt. A pod the kubelet refused at admission because it could not allocate its
+// device (conditions.AdmissionDeviceFailure) ran no container: its death is its Failed
+// transition (the latest transition of its conditions), with no container named.
+func DeviceDeathOf(pod *corev1.Pod) (DeviceDeath, bool) {
+	if _, refused := conditions.AdmissionDeviceFailure(pod); refused {
+		var at time.Time
+		for _, c := range pod.Status.Conditions {
+			if c.LastTransitionTime.After(at) {
+				at = c.LastTransitionTime.Time
+			}
+		}
+		return DeviceDeath{FinishedAt: at}, !at.IsZero()
+	}
+	return lastFailingExit(pod)
+}
 
 // outcome is what a result does to the Job: its action, Count when no rule matched.
 func outcome(r Result) batchv1.PodFailurePolicyAction {

@@ -94,6 +94,12 @@ func TestAwaitingDeviceVerdict(t *testing.T) {
 		{name: "Count on DisruptionTarget: counted either way", policy: policy(rule(batchv1.PodFailurePolicyActionCount, corev1.DisruptionTarget, corev1.ConditionTrue)), pod: pod(), wait: 30 * time.Second, want: 0},
 		{name: "FailJob on DeviceFailed=False reads the healthy verdict", policy: policy(rule(batchv1.PodFailurePolicyActionFailJob, conditions.DeviceFailed, corev1.ConditionFalse)), pod: pod(), wait: 30 * time.Second, want: 25 * time.Second},
 		{name: "Ignore on DeviceFailed", policy: policy(rule(batchv1.PodFailurePolicyActionIgnore, conditions.DeviceFailed, corev1.ConditionTrue)), pod: pod(), wait: 30 * time.Second, want: 25 * time.Second},
+		{name: "refused at admission, its GPU gone Unhealthy: waits from the Failed transition", policy: ignoreDisruptions,
+			pod:  pod(admissionRefused("Pod was rejected: Allocate failed due to no healthy devices present; cannot allocate unhealthy devices coroner.dev/test-gpu, which is unexpected", now.Add(-4*time.Second))),
+			wait: 30 * time.Second, want: 26 * time.Second},
+		{name: "refused at admission for another reason: no wait", policy: ignoreDisruptions,
+			pod:  pod(admissionRefused("Pod was rejected: failed to sync secret cache: timed out waiting for the condition", now.Add(-4*time.Second))),
+			wait: 30 * time.Second, want: 0},
 		{name: "an init container's death", policy: ignoreDisruptions,
 			pod: pod(statuses(), func(p *corev1.Pod) {
 				p.Status.InitContainerStatuses = []corev1.ContainerStatus{exit(1, 0, 3*time.Second)}
@@ -147,5 +153,19 @@ func TestDeviceVerdictMattersOnAStampedPod(t *testing.T) {
 	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: conditions.ReasonPreemptionByScheduler}}
 	if DeviceVerdictMatters(ignore, p) {
 		t.Error("a preempted pod is Ignored whatever the device verdict")
+	}
+}
+
+// admissionRefused makes the pod one the kubelet refused at admission with msg, as the
+// kubelet v1.36.3 leaves it (seen on the lab): status.reason UnexpectedAdmissionError, its
+// container "terminated" 137 without a finishedAt, conditions turned at failed.
+func admissionRefused(msg string, failed time.Time) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.Status.Reason, p.Status.Message = conditions.ReasonUnexpectedAdmissionError, msg
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+			ExitCode: 137, Reason: "ContainerStatusUnknown"}}}}
+		p.Status.Conditions = append(p.Status.Conditions,
+			corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(failed.Add(-time.Second))},
+			corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionFalse, Reason: "PodFailed", LastTransitionTime: metav1.NewTime(failed)})
 	}
 }

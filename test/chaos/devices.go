@@ -47,11 +47,13 @@ exit $code
 `
 
 // deviceStorm: a storm Job whose pods each hold a test GPU on the process nodes while
-// their devices fail and heal at random (the two of each node, one every 1-3 s, healed
-// 2-5 s later): a failing device kills the pod that holds it. Its rule ignores
+// their devices fail and heal at random (the two of each node, one every 2-4 s, healed
+// 2-5 s later, 40 failures in all): a failing device kills the pod that holds it, and a
+// pod the scheduler placed on a device that fails before the kubelet admits it is refused
+// (UnexpectedAdmissionError). Its rule ignores
 // disruptions (backoffLimitPerIndex 1), and some indexes fail once by a bug of their own.
-// Nothing may be miscounted: every pod a device killed is stamped DeviceFailure and not
-// counted, every bug counted (the Job's failed count is the bugs' count exactly), no
+// Nothing may be miscounted: every pod a device killed, or the kubelet refused for its
+// device, is stamped DeviceFailure and not counted, every bug counted (the Job's failed count is the bugs' count exactly), no
 // index runs twice at once, and the Job completes. A bug whose device failed within the
 // agent's window after it (the kubelet reports both in one status) is ambiguous by
 // design and only noted.
@@ -89,8 +91,8 @@ func deviceStorm(ctx context.Context, e *env, o options) result {
 	var failures []deviceFault
 	var fmu sync.Mutex
 	done := make(chan error, 1)
-	go func() { done <- failDevices(fctx, e, nodes, &fmu, &failures) }()
-	jobs, werr := e.waitJobsFinished(ctx, ns, []string{j.Name}, 8*time.Minute)
+	go func() { done <- failDevices(fctx, e, nodes, 40, &fmu, &failures) }()
+	jobs, werr := e.waitJobsFinished(ctx, ns, []string{j.Name}, 6*time.Minute)
 	stop()
 	if err := <-done; err != nil {
 		r.problem("failing devices: %v", err)
@@ -117,9 +119,9 @@ type deviceFault struct {
 	At           float64
 }
 
-// failDevices fails a random healthy test GPU of the nodes every 1-3 s and heals it 2-5 s
-// later, until ctx ends; it records every failure.
-func failDevices(ctx context.Context, e *env, nodes []string, mu *sync.Mutex, out *[]deviceFault) error {
+// failDevices fails a random test GPU of the nodes every 2-4 s and heals it 2-5 s later,
+// n times or until ctx ends; it records every failure.
+func failDevices(ctx context.Context, e *env, nodes []string, n int, mu *sync.Mutex, out *[]deviceFault) error {
 	gs := map[string]lab.GPUControl{}
 	for _, n := range nodes {
 		g, release, err := e.cfg.TestGPUDevices(ctx, n)
@@ -132,8 +134,8 @@ func failDevices(ctx context.Context, e *env, nodes []string, mu *sync.Mutex, ou
 	rng := rand.New(rand.NewPCG(e.rng.Uint64(), 37))
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for {
-		if err := lab.Sleep(ctx, time.Duration(1000+rng.IntN(2000))*time.Millisecond); err != nil {
+	for range n {
+		if err := lab.Sleep(ctx, time.Duration(2000+rng.IntN(2000))*time.Millisecond); err != nil {
 			return nil
 		}
 		n := nodes[rng.IntN(len(nodes))]
@@ -159,6 +161,7 @@ func failDevices(ctx context.Context, e *env, nodes []string, mu *sync.Mutex, ou
 			_, _ = gs[n].Heal(hctx, d.ID)
 		}()
 	}
+	return nil
 }
 
 // deviceStormJob is the storm Job: Indexed, backoffLimitPerIndex 1, Ignore on
@@ -170,7 +173,7 @@ func deviceStormJob(ns, dir string, nodes []string, completions, parallelism int
 	c.Command = []string{"sh", "-c", deviceScript}
 	for i := range c.Env {
 		if c.Env[i].Name == "RUN_TICKS" {
-			c.Env[i].Value = "40" // 8 s
+			c.Env[i].Value = "20" // 4 s
 		}
 	}
 	c.Resources.Limits = corev1.ResourceList{corev1.ResourceName(lab.TestGPUResource): resource.MustParse("1")}
@@ -229,8 +232,16 @@ func checkDeviceStorm(j *batchv1.Job, truth map[int][]deviceAttempt, pods []*cor
 	for _, p := range pods {
 		byName[p.Name] = p
 	}
-	var bugs, deaths, ambiguous int
+	var bugs, deaths, ambiguous, refused int
 	var miscounted, unstamped, notes []string
+	for _, p := range pods {
+		if _, ok := conditions.AdmissionDeviceFailure(p); ok {
+			refused++
+			if !conditions.IsTrue(&p.Status, conditions.DeviceFailed) {
+				unstamped = append(unstamped, fmt.Sprintf("%s (refused by the kubelet: %s)", p.Name, p.Status.Message))
+			}
+		}
+	}
 	for ix, as := range truth {
 		for _, a := range as {
 			if !a.Exited || a.Code == 0 {
@@ -271,7 +282,7 @@ func checkDeviceStorm(j *batchv1.Job, truth map[int][]deviceAttempt, pods []*cor
 	if len(miscounted) > 0 {
 		c.problem("%v", miscounted)
 	}
-	c.Notes = append(c.Notes, fmt.Sprintf("%d device deaths stamped and ignored, %d bugs counted, %d device failures caused", deaths, bugs-ambiguous, len(faults)))
+	c.Notes = append(c.Notes, fmt.Sprintf("%d device deaths and %d pods refused by the kubelet for their device stamped and ignored, %d bugs counted, %d device failures caused", deaths, refused, bugs-ambiguous, len(faults)))
 	c.Notes = append(c.Notes, notes...)
 	if deaths == 0 {
 		c.problem("no pod died of its device: the storm tested nothing")

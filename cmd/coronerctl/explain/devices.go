@@ -65,6 +65,13 @@ func failedDevice(v conditions.DeviceVerdict, p *corev1.Pod) string {
 	if !v.At.IsZero() {
 		when = stamp(v.At)
 	}
+	if v.Signal == conditions.DeviceSignalAdmission {
+		s := fmt.Sprintf("%s could not be allocated: the kubelet refused the pod at admission (a device turned Unhealthy after the scheduler placed the pod); no container ran", v.Resource)
+		if v.Detail != "" {
+			s += ": " + v.Detail
+		}
+		return s
+	}
 	if v.Signal == conditions.DeviceSignalDriver {
 		s := fmt.Sprintf("%s %s failed: hardware fault code %d at %s (its driver's word, in the kernel log)", v.Resource, v.ID, v.Code, when)
 		if v.Detail != "" {
