@@ -61,10 +61,9 @@ import (
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
-const (
-	testGPU    corev1.ResourceName = "coroner.dev/test-gpu"
-	vmTaintKey                     = "lab.coroner.dev/vm"
-)
+const testGPU corev1.ResourceName = "coroner.dev/test-gpu"
+
+const vmTaintKey = "lab.coroner.dev/vm"
 
 // program dies the moment its device is not Healthy (the plugin mounts the device's
 // health file at /run/coroner-test-gpu/ID), and gives up after 5 minutes.
