@@ -306,8 +306,15 @@ func testFencing(t *testing.T, env *containerd.Env) {
 		return err == nil && st.GetState().String() == "CONTAINER_EXITED"
 	})
 	t.Logf("a container started while fenced stopped after %v", time.Since(started).Round(time.Millisecond))
-	if v := a.metric(t, "coroner_agent_fence_stopped_containers_total"); v != 2 {
-		t.Errorf("fence_stopped_containers_total = %v, want 2", v)
+	// The agent counts a stop once the runtime's StopContainer returns, which may be a
+	// moment after the container shows exited.
+	var stopped float64
+	waitFor(t, "fence_stopped_containers_total at 2", func() bool {
+		stopped = a.metric(t, "coroner_agent_fence_stopped_containers_total")
+		return stopped >= 2
+	})
+	if stopped != 2 {
+		t.Errorf("fence_stopped_containers_total = %v, want 2", stopped)
 	}
 	f.wantRunning(out, outID, "the pod that is not opted in")
 	if got := lease().Spec.RenewTime.Time; !got.Equal(lastRenewal) {
