@@ -173,18 +173,11 @@ func writeKmsg(path, line string) error {
 // driver's report, the program's death, the device plugin's health. It returns the device
 // and the line written. Nothing changes when the line cannot be written.
 func (p *Plugin) FailWithXid(id string, code int) (Device, string, error) {
-	devices, err := p.lookup([]string{id})
+	d, line, err := p.WriteXid(id, code)
 	if err != nil {
-		return Device{}, "", err
+		return d, "", err
 	}
-	line, err := XidLine(devices[0].PCI, code)
-	if err != nil {
-		return devices[0], "", err
-	}
-	if err := writeKmsg(p.opts.Kmsg, line); err != nil {
-		return devices[0], "", err
-	}
-	d, err := p.SetHealth(id, false)
+	d, err = p.SetHealth(id, false)
 	return d, line, err
 }
 

@@ -20,11 +20,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/test/lab"
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
 // testGPU is the lab's device plugin's resource.
-const testGPU corev1.ResourceName = "coroner.dev/test-gpu"
+const testGPU = corev1.ResourceName(lab.TestGPUResource)
 
 // dieWithTheDevice is a container's program that dies when its device fails, as a CUDA
 // program does when its GPU falls off the bus: it watches the device's health file (the
@@ -70,48 +71,28 @@ func withDelay(j *batchv1.Job, seconds int) *batchv1.Job {
 	return j
 }
 
+// startOnGPU creates the Job and waits until its pod runs on node holding a test GPU; it
+// returns the pod and the GPU.
+func startOnGPU(ctx context.Context, t *testing.T, j *batchv1.Job, node string) (corev1.Pod, string) {
+	t.Helper()
+	createJob(ctx, t, j)
+	first := waitRunning(ctx, t, j.Namespace, j.Name, 1, budget(node, time.Minute))[0]
+	return first, heldDevice(ctx, t, j.Namespace, first.Name, node)
+}
+
 // heldDevice waits until the kubelet reports the device it allocated to the pod's main
 // container (allocatedResourcesStatus) and returns its ID.
 func heldDevice(ctx context.Context, t *testing.T, ns, name, node string) string {
 	t.Helper()
 	var id string
 	waitPod(ctx, t, ns, name, "the kubelet's allocatedResourcesStatus for "+string(testGPU), budget(node, time.Minute), func(p *corev1.Pod) bool {
-		id = deviceOf(p)
+		id = podGPU(p)
 		return id != "" || p == nil
 	})
 	if id == "" {
 		t.Fatalf("pod %s: no %s in its allocatedResourcesStatus", name, testGPU)
 	}
 	return id
-}
-
-// deviceOf is the test GPU the kubelet says the pod's main container holds, or "".
-func deviceOf(p *corev1.Pod) string {
-	if p == nil {
-		return ""
-	}
-	for _, s := range p.Status.ContainerStatuses {
-		for _, r := range s.AllocatedResourcesStatus {
-			if r.Name == testGPU && len(r.Resources) > 0 {
-				return string(r.Resources[0].ResourceID)
-			}
-		}
-	}
-	return ""
-}
-
-// deviceHealth is the health the kubelet reports for device in the pod's status.
-func deviceHealth(p *corev1.Pod, device string) corev1.ResourceHealthStatus {
-	for _, s := range p.Status.ContainerStatuses {
-		for _, r := range s.AllocatedResourcesStatus {
-			for _, h := range r.Resources {
-				if string(h.ResourceID) == device {
-					return h.Health
-				}
-			}
-		}
-	}
-	return ""
 }
 
 // otherDevice is the node's test GPU that is not id (the plugin names them GPU-0, GPU-1).
@@ -161,9 +142,7 @@ func TestDeviceFailure(t *testing.T) {
 func itsDeviceFails(t *testing.T, node string) {
 	ctx, ns := setup(t, budget(node, 4*time.Minute))
 	j := deviceJob("gpu-fails", ns, node, dieWithTheDevice)
-	createJob(ctx, t, j)
-	first := waitRunning(ctx, t, ns, j.Name, 1, budget(node, time.Minute))[0]
-	dev := heldDevice(ctx, t, ns, first.Name, node)
+	first, dev := startOnGPU(ctx, t, j, node)
 	coronerctl(ctx, t, "chaos", "device-fail", node, dev)
 
 	got := waitFinished(ctx, t, ns, j.Name, budget(node, 2*time.Minute))
@@ -181,7 +160,7 @@ func itsDeviceFails(t *testing.T, node string) {
 	if len(pods) != 2 {
 		t.Fatalf("%d pods, want 2 (the first and its replacement)", len(pods))
 	}
-	if d := deviceOf(&pods[1]); d == dev && pods[1].Spec.NodeName == node {
+	if d := podGPU(&pods[1]); d == dev && pods[1].Spec.NodeName == node {
 		t.Errorf("the replacement got the failed device %s on %s", dev, node)
 	}
 	// coroner-shim's Event for the pod: the agent's verdict and what the rule did with it.
@@ -199,9 +178,7 @@ func itsDeviceFails(t *testing.T, node string) {
 func anotherDeviceFails(t *testing.T, node string) {
 	ctx, ns := setup(t, budget(node, 4*time.Minute))
 	j := deviceJob("other-fails", ns, node, dieOnItsOwn)
-	createJob(ctx, t, j)
-	first := waitRunning(ctx, t, ns, j.Name, 1, budget(node, time.Minute))[0]
-	dev := heldDevice(ctx, t, ns, first.Name, node)
+	first, dev := startOnGPU(ctx, t, j, node)
 	coronerctl(ctx, t, "chaos", "device-fail", node, otherDevice(dev))
 
 	got := waitFinished(ctx, t, ns, j.Name, budget(node, 2*time.Minute))
@@ -211,7 +188,7 @@ func anotherDeviceFails(t *testing.T, node string) {
 	if c := condition(p, conditions.DeviceFailed); c == nil || c.Status != corev1.ConditionFalse || c.Reason != conditions.ReasonNoDeviceFailure {
 		t.Errorf("pod %s: DeviceFailed %+v, want False %s (the agent's verdict: no device to blame)", p.Name, c, conditions.ReasonNoDeviceFailure)
 	}
-	if h := deviceHealth(p, dev); h != corev1.ResourceHealthStatusHealthy {
+	if h := lab.TestGPUHealth(p, dev); h != corev1.ResourceHealthStatusHealthy {
 		t.Errorf("pod %s: its device %s is %q in its status, want Healthy", p.Name, dev, h)
 	}
 }
@@ -224,9 +201,7 @@ func anotherDeviceFails(t *testing.T, node string) {
 func xidCase(t *testing.T, node string, xid int, blamed bool) {
 	ctx, ns := setup(t, budget(node, 4*time.Minute))
 	j := deviceJob(fmt.Sprintf("xid-%d", xid), ns, node, dieOnItsOwn)
-	createJob(ctx, t, j)
-	first := waitRunning(ctx, t, ns, j.Name, 1, budget(node, time.Minute))[0]
-	dev := heldDevice(ctx, t, ns, first.Name, node)
+	first, dev := startOnGPU(ctx, t, j, node)
 	coronerctl(ctx, t, "chaos", "device-xid", node, dev, "--xid", fmt.Sprint(xid))
 
 	got := waitFinished(ctx, t, ns, j.Name, budget(node, 2*time.Minute))
@@ -243,7 +218,7 @@ func xidCase(t *testing.T, node string, xid int, blamed bool) {
 	if c := condition(p, conditions.DeviceFailed); c != nil && !strings.Contains(c.Message, fmt.Sprint(xid)) {
 		t.Errorf("DeviceFailed message does not name Xid %d: %s", xid, c.Message)
 	}
-	if h := deviceHealth(p, dev); h != corev1.ResourceHealthStatusHealthy {
+	if h := lab.TestGPUHealth(p, dev); h != corev1.ResourceHealthStatusHealthy {
 		t.Errorf("pod %s: its device %s is %q in its status, want Healthy (the plugin was not told)", p.Name, dev, h)
 	}
 }
@@ -257,9 +232,7 @@ func xidCase(t *testing.T, node string, xid int, blamed bool) {
 func besideBuiltIn(t *testing.T, node string) {
 	ctx, ns := setup(t, budget(node, 4*time.Minute))
 	j := builtinCopy(withDelay(deviceJob("gpu-fails", ns, node, dieWithTheDevice), 2))
-	createJob(ctx, t, j)
-	first := waitRunning(ctx, t, ns, j.Name, 1, budget(node, time.Minute))[0]
-	dev := heldDevice(ctx, t, ns, first.Name, node)
+	first, dev := startOnGPU(ctx, t, j, node)
 	coronerctl(ctx, t, "chaos", "device-fail", node, dev)
 
 	got := waitFinished(ctx, t, ns, j.Name, budget(node, 2*time.Minute))
@@ -267,4 +240,13 @@ func besideBuiltIn(t *testing.T, node string) {
 	p := pod(ctx, t, ns, first.Name)
 	wantCondition(t, p, corev1.DisruptionTarget, conditions.ReasonDeviceFailure)
 	wantCondition(t, p, conditions.DeviceFailed, conditions.ReasonDeviceFailure)
+}
+
+// podGPU is the test GPU the kubelet says the pod holds (lab.PodTestGPU), "" when none yet.
+func podGPU(p *corev1.Pod) string {
+	if p == nil {
+		return ""
+	}
+	id, _ := lab.PodTestGPU(p)
+	return id
 }

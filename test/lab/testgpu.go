@@ -264,3 +264,21 @@ func PodTestGPU(pod *corev1.Pod) (string, error) {
 	}
 	return "", fmt.Errorf("pod %s/%s holds no %s: none in its containers' allocatedResourcesStatus", pod.Namespace, pod.Name, TestGPUResource)
 }
+
+// TestGPUHealth is the health the kubelet reports in the pod's status for its test GPU
+// id (allocatedResourcesStatus), "" when it reports none.
+func TestGPUHealth(pod *corev1.Pod, id string) corev1.ResourceHealthStatus {
+	for _, s := range append(slices.Clone(pod.Status.InitContainerStatuses), pod.Status.ContainerStatuses...) {
+		for _, r := range s.AllocatedResourcesStatus {
+			if r.Name != corev1.ResourceName(TestGPUResource) {
+				continue
+			}
+			for _, h := range r.Resources {
+				if string(h.ResourceID) == id {
+					return h.Health
+				}
+			}
+		}
+	}
+	return ""
+}

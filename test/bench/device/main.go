@@ -61,7 +61,7 @@ import (
 	"github.com/coroner-dev/coroner/test/wrappers"
 )
 
-const testGPU corev1.ResourceName = "coroner.dev/test-gpu"
+const testGPU = corev1.ResourceName(lab.TestGPUResource)
 
 const vmTaintKey = "lab.coroner.dev/vm"
 
@@ -401,9 +401,9 @@ func (b *bench) observe(p *corev1.Pod, at time.Time) {
 		return // backoffLimit 0 makes no second pod
 	}
 	if r.device == "" {
-		r.device = deviceOf(p)
+		r.device = podGPU(p)
 	}
-	if r.unhealthyAt.IsZero() && r.device != "" && deviceHealth(p, r.device) == corev1.ResourceHealthStatusUnhealthy {
+	if r.unhealthyAt.IsZero() && r.device != "" && lab.TestGPUHealth(p, r.device) == corev1.ResourceHealthStatusUnhealthy {
 		r.unhealthyAt = at
 	}
 	if r.stampRV == 0 && conditions.IsTrue(&p.Status, conditions.DeviceFailed) {
@@ -434,8 +434,8 @@ func (b *bench) one(ctx context.Context, cl *deviceplugin.ControlClient, name st
 			return false, nil
 		}
 		p := &pods.Items[0]
-		dev = deviceOf(p)
-		return p.Status.Phase == corev1.PodRunning && dev != "" && deviceHealth(p, dev) == corev1.ResourceHealthStatusHealthy, nil
+		dev = podGPU(p)
+		return p.Status.Phase == corev1.PodRunning && dev != "" && lab.TestGPUHealth(p, dev) == corev1.ResourceHealthStatusHealthy, nil
 	})
 	if err != nil {
 		return interrupted(ctx, res, err)
@@ -542,32 +542,6 @@ func (b *bench) job(name string) *batchv1.Job {
 	return j
 }
 
-// deviceOf is the test GPU the kubelet says the pod's container holds, or "".
-func deviceOf(p *corev1.Pod) string {
-	for _, s := range p.Status.ContainerStatuses {
-		for _, r := range s.AllocatedResourcesStatus {
-			if r.Name == testGPU && len(r.Resources) > 0 {
-				return string(r.Resources[0].ResourceID)
-			}
-		}
-	}
-	return ""
-}
-
-// deviceHealth is the health the kubelet reports for device in the pod's status.
-func deviceHealth(p *corev1.Pod, device string) corev1.ResourceHealthStatus {
-	for _, s := range p.Status.ContainerStatuses {
-		for _, r := range s.AllocatedResourcesStatus {
-			for _, h := range r.Resources {
-				if string(h.ResourceID) == device {
-					return h.Health
-				}
-			}
-		}
-	}
-	return ""
-}
-
 // printTable prints, per node, the Jobs decided and miscounted, the order of the two
 // writes, and the latencies from t0.
 func printTable(reports []*nodeReport) {
@@ -615,4 +589,13 @@ func printTable(reports []*nodeReport) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d / %d / %d\t%s\t%s\t%s\t%d\n", r.Node, r.Config, n, rule, counted, first, same, after, pp(unhealthy), pp(stamp), pp(failed), other)
 	}
 	_ = tw.Flush()
+}
+
+// podGPU is the test GPU the kubelet says the pod holds (lab.PodTestGPU), "" when none yet.
+func podGPU(p *corev1.Pod) string {
+	if p == nil {
+		return ""
+	}
+	id, _ := lab.PodTestGPU(p)
+	return id
 }
