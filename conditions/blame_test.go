@@ -33,9 +33,13 @@ func TestDisruptionClassOf(t *testing.T) {
 	// The kubelet's messages (v1.36): pkg/kubelet/eviction's eviction message and
 	// pkg/kubelet/nodeshutdown's.
 	pressure := both(cond(DisruptionTarget, ReasonTerminationByKubelet, "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi. "),
-		func(p *corev1.Pod) { p.Status.Reason, p.Status.Message = "Evicted", "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi. " })
+		func(p *corev1.Pod) {
+			p.Status.Reason, p.Status.Message = "Evicted", "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi. "
+		})
 	shutdown := both(cond(DisruptionTarget, ReasonTerminationByKubelet, "Pod was terminated in response to imminent node shutdown."),
-		func(p *corev1.Pod) { p.Status.Reason, p.Status.Message = "Terminated", "Pod was terminated in response to imminent node shutdown." })
+		func(p *corev1.Pod) {
+			p.Status.Reason, p.Status.Message = "Terminated", "Pod was terminated in response to imminent node shutdown."
+		})
 	cases := []struct {
 		name  string
 		pod   *corev1.Pod

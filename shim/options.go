@@ -6,6 +6,7 @@ package shim
 import (
 	"errors"
 	"fmt"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"net"
 	"os"
 	"strings"
@@ -47,6 +48,9 @@ type Options struct {
 	// died waits for the agent's device verdict before its failure is decided
 	// (policy.AwaitingDeviceVerdict).
 	DeviceVerdictWait time.Duration
+	// AvoidFailedNodes is the avoidance of failed nodes of the Jobs without
+	// coroner.dev/avoid-failed-nodes: none, preferred or required.
+	AvoidFailedNodes string
 	// AgentNamespace is where the agents' fencing Leases are (Z2); FenceMargin is added
 	// to an agent's fence-after before its silence counts as fenced.
 	AgentNamespace string
@@ -88,6 +92,7 @@ func NewOptions() *Options {
 		ZombieThreshold:   60 * time.Second,
 		OOMVerdictWait:    30 * time.Second,
 		DeviceVerdictWait: policy.DefaultDeviceVerdictWait,
+		AvoidFailedNodes:  string(v1alpha1.AvoidNone),
 		AgentNamespace:    ns,
 		FenceMargin:       15 * time.Second,
 
@@ -119,6 +124,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ZombieThreshold, "zombie-threshold", o.ZombieThreshold, "How long after its deletion time an opted-in pod (annotation coroner.dev/safe-to-forcefully-delete or Kueue's) may stay terminating on an unreachable node before it is failed and force-deleted (Z1).")
 	fs.DurationVar(&o.OOMVerdictWait, "oom-verdict-wait", o.OOMVerdictWait, "How long a Failed pod whose container was OOM-killed, with neither coroner.dev/OOMKilled nor DisruptionTarget, waits for coroner-agent's verdict (limit or node OOM) before its failure is decided, when the Job's podFailurePolicy has a rule on pod conditions: the agent stamps before the kubelet's Failed unless it is down at that moment (restarting, or killed by the same node OOM). 0 decides at once.")
 	fs.DurationVar(&o.DeviceVerdictWait, "device-verdict-wait", o.DeviceVerdictWait, "How long a Failed pod that holds devices (extended resources, DRA claims) and whose container died (a non-zero exit or a signal), with neither DisruptionTarget=True nor coroner.dev/DeviceFailed, waits for coroner-agent's device verdict after that container finished before its failure is decided, when the verdict can change what the Job's podFailurePolicy does with it (a rule on DisruptionTarget or coroner.dev/DeviceFailed that an earlier rule does not pre-empt). The agent gives its verdict within 10 s of the death (it waits that long for a device to turn Unhealthy). 0 decides at once.")
+	fs.StringVar(&o.AvoidFailedNodes, "avoid-failed-nodes", o.AvoidFailedNodes, "How the Jobs without the annotation coroner.dev/avoid-failed-nodes avoid the nodes that killed their pods (a node OOM kill, a failing device, node pressure, a lost node): none, preferred (a preferred node affinity term) or required (a required one; a replacement may then wait for another node). The annotation overrides it per Job.")
 	fs.StringVar(&o.AgentNamespace, "agent-namespace", o.AgentNamespace, "Namespace of coroner-agent's fencing Leases (coroner-agent-<node>); default $POD_NAMESPACE, else coroner-system (Z2).")
 	fs.DurationVar(&o.FenceMargin, "fence-margin", o.FenceMargin, "Added to an agent's --fence-after before a node whose agent stopped renewing its Lease counts as fenced, and its opted-in pods are recovered without waiting (Z2): clock skew, the agent's relist period, the time to stop containers.")
 	fs.StringVar(&o.RecoverPods, "recover-pods", o.RecoverPods, "Whose pods stuck on a lost node are recovered: \"all\" recovers every pod opted in by annotation (coroner.dev/safe-to-forcefully-delete, or Kueue's kueue.x-k8s.io/safe-to-forcefully-terminate or kueue.x-k8s.io/safe-to-forcefully-delete, set to \"true\"), whoever owns it (a built-in Job, a JobSet, a bare pod...), as Kueue's failure recovery does: Z1 and Z2, and the forced deletion of a terminal pod being deleted on an unreachable node; such pods are watched only on the nodes tainted unreachable (one watch of a node's pods, from the taint until it goes), as stripped copies. \"managed\" recovers only the pods of the Jobs this shim manages (Z1-Z4). Orphans (Z3) and stale DisruptionTargets (Z4) are handled for managed Jobs' pods only, either way.")
@@ -174,6 +180,9 @@ func (o *Options) Validate() error {
 	}
 	if o.OOMVerdictWait < 0 {
 		errs = append(errs, fmt.Errorf("--oom-verdict-wait=%v: must not be negative", o.OOMVerdictWait))
+	}
+	if _, err := v1alpha1.ParseAvoidance(o.AvoidFailedNodes); err != nil {
+		errs = append(errs, fmt.Errorf("--avoid-failed-nodes=%q: want none, preferred or required", o.AvoidFailedNodes))
 	}
 	if o.DeviceVerdictWait < 0 {
 		errs = append(errs, fmt.Errorf("--device-verdict-wait=%v: must not be negative (0 decides at once)", o.DeviceVerdictWait))

@@ -96,6 +96,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 			Metrics:           m,
 			OOMVerdictWait:    opts.OOMVerdictWait,
 			DeviceVerdictWait: opts.DeviceVerdictWait,
+			DefaultAvoidance:  v1alpha1.Avoidance(opts.AvoidFailedNodes),
 			Records:           clients.Records,
 			PodMetadata:       clients.PodMetadata,
 		},

@@ -17,6 +17,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -63,6 +64,9 @@ type Config struct {
 	// DeviceVerdictWait is how long a Failed pod that held devices waits for the agent's
 	// device verdict (jobsync.Input.DeviceVerdictWait); 0: no wait.
 	DeviceVerdictWait time.Duration
+	// DefaultAvoidance is the avoidance of failed nodes of Jobs without
+	// coroner.dev/avoid-failed-nodes (jobsync.Input.DefaultAvoidance).
+	DefaultAvoidance v1alpha1.Avoidance
 	// Records is where the pods' stories go for coronerctl explain (jobrecord.go); a nil
 	// Client keeps none.
 	Records RecordsConfig

@@ -47,6 +47,19 @@ var countedPatch = mustJSON(map[string]any{
 	},
 })
 
+// budgetVerdictPatch removes the tracking finalizer of a failed pod and writes on it what
+// its Job's disruption budget did with its failure (jobsync.Plan.BudgetVerdicts), in one
+// write. Such a pod stays in the pod cache (jobsync.LeavesCache): it is not labelled
+// counted.
+func budgetVerdictPatch(verdict string) []byte {
+	return mustJSON(map[string]any{
+		"metadata": map[string]any{
+			"annotations":                         map[string]string{v1alpha1.AnnotationBudgetVerdict: verdict},
+			"$deleteFromPrimitiveList/finalizers": []string{conditions.JobTrackingFinalizer},
+		},
+	})
+}
+
 // execute carries out the plan of a sync of job (key) in the order jobsync documents:
 //
 //  0. the JobRecord entries of the pods that leave the Job in this plan, stored before any
@@ -88,7 +101,7 @@ func (c *Controller) execute(ctx context.Context, key string, job *batchv1.Job, 
 	var countErr error
 	if finalizerErr == nil {
 		var removed sets.Set[types.UID]
-		removed, finalizerErr = c.removeFinalizers(ctx, key, job, plan.RemoveFinalizer)
+		removed, finalizerErr = c.removeFinalizers(ctx, key, job, plan.RemoveFinalizer, plan.BudgetVerdicts)
 		countErr = c.countRemoved(ctx, key, written, removed)
 	}
 	c.afterWrites(ctx, key, job, plan)
@@ -297,7 +310,7 @@ func (c *Controller) createPods(ctx context.Context, key string, job *batchv1.Jo
 // the pods that may leave the pod cache counted (countedPatch). Each removal is expected
 // before it is issued; a failed one is forgotten again, as no update will come. A pod
 // already gone is fine.
-func (c *Controller) removeFinalizers(ctx context.Context, key string, job *batchv1.Job, pods []*corev1.Pod) (removed sets.Set[types.UID], _ error) {
+func (c *Controller) removeFinalizers(ctx context.Context, key string, job *batchv1.Job, pods []*corev1.Pod, verdicts map[types.UID]string) (removed sets.Set[types.UID], _ error) {
 	removed = sets.New[types.UID]()
 	if len(pods) == 0 {
 		return removed, nil
@@ -316,7 +329,9 @@ func (c *Controller) removeFinalizers(ctx context.Context, key string, job *batc
 	for _, p := range pods {
 		wg.Go(func() {
 			patch := removeTrackingFinalizerPatch
-			if jobsync.LeavesCache(job, p) {
+			if v, ok := verdicts[p.UID]; ok {
+				patch = budgetVerdictPatch(v)
+			} else if jobsync.LeavesCache(job, p) {
 				patch = countedPatch
 			}
 			err := c.patchPod(ctx, p, patch)

@@ -107,6 +107,7 @@ func (c *Controller) syncInput(key string, job *batchv1.Job, pods []*corev1.Pod,
 		MemoryRefused:          c.state.refusedMemory(key),
 		VerdictWait:            c.cfg.OOMVerdictWait,
 		DeviceVerdictWait:      c.cfg.DeviceVerdictWait,
+		DefaultAvoidance:       c.cfg.DefaultAvoidance,
 	}
 }
 

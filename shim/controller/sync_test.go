@@ -317,10 +317,10 @@ func TestRemoveFinalizersLabelsCounted(t *testing.T) {
 	f := newFixture(t, job, grows, succeeded, failed, stopping, oom, oomDone)
 	writes := recordWrites(f)
 	ctx := context.Background()
-	if _, err := f.c.removeFinalizers(ctx, testNS+"/j", job, []*corev1.Pod{succeeded, failed, stopping}); err != nil {
+	if _, err := f.c.removeFinalizers(ctx, testNS+"/j", job, []*corev1.Pod{succeeded, failed, stopping}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.c.removeFinalizers(ctx, testNS+"/grows", grows, []*corev1.Pod{oom, oomDone}); err != nil {
+	if _, err := f.c.removeFinalizers(ctx, testNS+"/grows", grows, []*corev1.Pod{oom, oomDone}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(writes()); n != 5 {
@@ -692,7 +692,7 @@ func TestPodPatchesThroughMetadata(t *testing.T) {
 		return true, &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: p.GetName(), Namespace: p.GetNamespace()}}, nil
 	})
 	f.c.cfg.PodMetadata = meta
-	if _, err := f.c.removeFinalizers(context.Background(), testNS+"/j", job, []*corev1.Pod{succeeded, stopping}); err != nil {
+	if _, err := f.c.removeFinalizers(context.Background(), testNS+"/j", job, []*corev1.Pod{succeeded, stopping}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if w := typed(); len(w) != 0 {

@@ -50,6 +50,14 @@ func (s *state) consequence(p *corev1.Pod, r policy.Result, ix int) string {
 	if g, ok := s.growths(p); ok && r.RuleIndex == growthRule {
 		return "not counted: " + growthText(g)
 	}
+	if v, spent := s.budgetSpent(p); spent && !r.Matched() {
+		return s.budgetWords(v) + ": " + s.ruleConsequence(p, r, ix)
+	}
+	return s.ruleConsequence(p, r, ix)
+}
+
+// ruleConsequence is consequence for a pod whose failure rule r decided.
+func (s *state) ruleConsequence(p *corev1.Pod, r policy.Result, ix int) string {
 	switch {
 	case r.Action == batchv1.PodFailurePolicyActionIgnore:
 		return "not counted, the pod will be replaced"

@@ -100,6 +100,7 @@ func (s *state) manage() int32 {
 		for range diff {
 			pod := newPod(job, noIndex, 0, 0)
 			s.giveMemory(pod, noIndex)
+			s.giveAvoidance(pod, noIndex)
 			s.plan.Create = append(s.plan.Create, PodCreate{Pod: pod, Reason: reason})
 		}
 		return active + diff
@@ -132,6 +133,7 @@ func (s *state) manage() int32 {
 		}
 		pod := newPod(job, ix, failures, ignored)
 		s.giveMemory(pod, ix)
+		s.giveAvoidance(pod, ix)
 		s.plan.Create = append(s.plan.Create, PodCreate{Pod: pod, Reason: reason})
 	}
 	return active + int32(len(pending))

@@ -62,12 +62,18 @@ func (s *state) growths(p *corev1.Pod) ([]v1alpha1.Growth, bool) {
 }
 
 // match is what the shim makes of a failed pod: a memory growth (not counted, like an
-// Ignore rule, RuleIndex growthRule) or the pod failure policy's result.
+// Ignore rule, RuleIndex growthRule) or the pod failure policy's result, but for an Ignore
+// whose disruption budget is spent, which counts as if no rule had matched.
 func (s *state) match(p *corev1.Pod) policy.Result {
 	if _, ok := s.growths(p); ok {
 		return policy.Result{RuleIndex: growthRule, Action: batchv1.PodFailurePolicyActionIgnore}
 	}
-	return policy.Match(s.job.Spec.PodFailurePolicy, p)
+	r := policy.Match(s.job.Spec.PodFailurePolicy, p)
+	if _, spent := s.budgetSpent(p); spent && r.Action == batchv1.PodFailurePolicyActionIgnore {
+		// Counted as if no rule had matched (nodeblame.go).
+		return policy.Result{}
+	}
+	return r
 }
 
 // growthText says what a growth does, for the Event and the record: "container main

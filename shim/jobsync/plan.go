@@ -82,6 +82,9 @@ type Input struct {
 	// coroner.dev/DeviceFailed of either status) when the verdict can change what the
 	// Job's policy does (policy.AwaitingDeviceVerdict); 0: no wait.
 	DeviceVerdictWait time.Duration
+	// DefaultAvoidance is the avoidance of failed nodes of a Job without
+	// coroner.dev/avoid-failed-nodes (coroner-shim's --avoid-failed-nodes; "" is none).
+	DefaultAvoidance v1alpha1.Avoidance
 }
 
 // Plan is what the controller must do for the Job.
@@ -103,6 +106,10 @@ type Plan struct {
 	// RemoveFinalizer holds the pods whose tracking finalizer must be removed, after the
 	// status write.
 	RemoveFinalizer []*corev1.Pod
+	// BudgetVerdicts are, for pods in RemoveFinalizer, the disruption budget's verdict to
+	// write on the pod (api/v1alpha1.AnnotationBudgetVerdict) in the patch that removes
+	// its finalizer.
+	BudgetVerdicts map[types.UID]string
 
 	// Leaving are the record entries of the pods that leave the Job in this plan: those
 	// in Delete and RemoveFinalizer, but for pods that succeeded (a success stays a pod

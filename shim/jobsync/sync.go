@@ -15,6 +15,7 @@ import (
 	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/shim/backoff"
 	"github.com/coroner-dev/coroner/shim/indexes"
+	"github.com/coroner-dev/coroner/shim/nodeblame"
 	"github.com/coroner-dev/coroner/shim/record"
 )
 
@@ -64,6 +65,10 @@ type state struct {
 
 	memory  *v1alpha1.MemoryRetry // the Job's coroner.dev/oom-memory-retry, if valid
 	memPlan map[int]memoryChoice  // the memory of new pods by index (memory.go)
+
+	avoid   v1alpha1.Avoidance        // the Job's avoidance of failed nodes (nodeblame.go)
+	budget  v1alpha1.DisruptionBudget // the Job's disruption budget, if valid
+	stories map[int]nodeblame.Story   // by index (noIndex: the Job); nil without opt-in
 }
 
 // Sync decides what to do for in.Job. See the package documentation.
@@ -100,6 +105,7 @@ func Sync(in Input) Plan {
 	}
 	s.perIndex = s.indexed && job.Spec.BackoffLimitPerIndex != nil
 	s.readMemoryRetry()
+	s.readNodeBlame()
 	if s.status.UncountedTerminatedPods == nil {
 		s.status.UncountedTerminatedPods = &batchv1.UncountedTerminatedPods{}
 	}
@@ -116,6 +122,8 @@ func Sync(in Input) Plan {
 			s.terminating++
 		}
 	}
+
+	s.sayUnschedulable()
 
 	newSucceeded, newFailed := s.newlyFinished()
 	s.succeeded = s.status.Succeeded + int32(len(newSucceeded)) + int32(s.uncountedSucceeded.Len())

@@ -92,8 +92,17 @@ func (s *state) track() {
 				uncounted.Failed = append(uncounted.Failed, p.UID)
 				added++
 			}
+			if v, ok := s.newBudgetVerdict(p); ok && considerFailed {
+				if s.plan.BudgetVerdicts == nil {
+					s.plan.BudgetVerdicts = map[types.UID]string{}
+				}
+				s.plan.BudgetVerdicts[p.UID] = v.String()
+				s.observeBudget(v)
+			}
 			if g, grows := s.growths(p); grows && considerFailed {
 				s.explainGrowth(p, g, ix)
+			} else if v, spent := s.budgetSpent(p); spent && considerFailed {
+				s.explainSpent(p, v, r, ix)
 			} else if considerFailed && !s.explainDevice(p, r, ix) {
 				s.explainFailure(p, r, ix)
 			}
@@ -204,7 +213,7 @@ func (s *state) canRemoveFinalizer(p *corev1.Pod, considerFailed bool) bool {
 // conditions.CountedLabel, which the cache's selector excludes). A pod that finished and
 // is counted is read by no later sync: the Job's status holds its count and its index
 // (completedIndexes, failedIndexes, the per-index failure counts carried by the index's
-// next pod, whose creation the failed pod's finalizer waits for). Four kinds stay:
+// next pod, whose creation the failed pod's finalizer waits for). Five kinds stay:
 //
 //   - a pod that has not finished (a pod deleted with the Job, or by its end, while it
 //     runs): it is terminating, which status.terminating and podReplacementPolicy count
@@ -224,7 +233,13 @@ func (s *state) canRemoveFinalizer(p *corev1.Pod, considerFailed bool) bool {
 //     failed pods (planMemory), and that pod may be created syncs after the failure is
 //     counted (a global backoff, expectations not yet satisfied). An annotation added to
 //     a running Job grows the memory from the failures still cached, which are those
-//     since it was added.
+//     since it was added;
+//   - a failed pod whose death blamed its node (conditions.NodeBlame), and every failed
+//     pod of a Job with a coroner.dev/disruption-budget (valid or not): the next pod of
+//     its index is given the nodes to avoid and the failures charged from the failed
+//     pods, and may be created syncs after the failure is counted (nodeblame.go). Such
+//     deaths are rare; the avoidance may be the shim's default (--avoid-failed-nodes), so
+//     the pods stay whatever the Job's annotations.
 //
 // TestCountedPodsAreNotRead plays Jobs through syncs with and without the pods that
 // leave, and finds the same decisions.
@@ -237,6 +252,12 @@ func LeavesCache(job *batchv1.Job, pod *corev1.Pod) bool {
 		return true
 	case corev1.PodFailed:
 		if _, memoryRetry := job.Annotations[v1alpha1.AnnotationOOMMemoryRetry]; memoryRetry {
+			return false
+		}
+		if _, budget := job.Annotations[v1alpha1.AnnotationDisruptionBudget]; budget {
+			return false
+		}
+		if _, _, blamed := conditions.NodeBlame(pod); blamed {
 			return false
 		}
 		return policy.Match(job.Spec.PodFailurePolicy, pod).Action != batchv1.PodFailurePolicyActionFailJob

@@ -27,6 +27,7 @@
 package metrics
 
 import (
+	"strings"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -142,6 +143,16 @@ type Metrics struct {
 	// NoDeviceFailure, Missing: decided without it once --device-verdict-wait was over).
 	JobDeviceVerdictWait *prometheus.HistogramVec
 
+	// JobPodsAvoidingNodes (coroner_job_pods_avoiding_nodes_total) counts the pods created
+	// with affinity away from the nodes that killed their predecessors
+	// (coroner.dev/avoid-failed-nodes). Label: avoidance (preferred, required).
+	JobPodsAvoidingNodes *prometheus.CounterVec
+	// JobDisruptionBudget (coroner_job_disruption_budget_verdicts_total) counts the
+	// disruption budgets' verdicts on failures an Ignore rule matched
+	// (coroner.dev/disruption-budget). Labels: class (the budget's class, default for the
+	// classes not named), verdict (charged: ignored within the budget; spent: counted).
+	JobDisruptionBudget *prometheus.CounterVec
+
 	// JobRecordWrites (coroner_job_record_writes_total) counts the shim's writes of
 	// JobRecords (package api/v1alpha1), by verb (create, patch, delete) and result
 	// (success, conflict, error); JobRecordBytes (coroner_job_record_bytes_total) the
@@ -256,6 +267,16 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:      "For failed pods whose failure coroner-agent's device verdict could change, the time from the container's death to the shim's decision. verdict: DeviceFailure, NoDeviceFailure, or Missing (decided without it, --device-verdict-wait over).",
 			Buckets:   []float64{0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 120, 300},
 		}, []string{"verdict"}),
+		JobPodsAvoidingNodes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "job_pods_avoiding_nodes_total",
+			Help:      "Pods created with node affinity away from the nodes that killed their predecessors (coroner.dev/avoid-failed-nodes). avoidance: preferred, required.",
+		}, []string{"avoidance"}),
+		JobDisruptionBudget: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "job_disruption_budget_verdicts_total",
+			Help:      "Verdicts of Jobs' disruption budgets (coroner.dev/disruption-budget) on failures an Ignore rule matched. class: the budget's class (default for classes not named); verdict: charged (ignored within the budget), spent (counted, the budget spent).",
+		}, []string{"class", "verdict"}),
 		JobRecordWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace,
 			Name:      "job_record_writes_total",
@@ -285,6 +306,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.JobMemoryGrowths,
 		m.JobDeviceFailures,
 		m.JobDeviceVerdictWait,
+		m.JobPodsAvoidingNodes,
+		m.JobDisruptionBudget,
 		m.JobRecordWrites,
 		m.JobRecordBytes,
 		m.JobRecordEntries,
@@ -341,6 +364,13 @@ func (m *Metrics) Record(obs observe.Observations, completionMode, backoffLimit 
 	}
 	for _, v := range obs.DeviceVerdicts {
 		m.JobDeviceVerdictWait.WithLabelValues(v.Verdict).Observe(v.Seconds)
+	}
+	for avoidance, n := range obs.NodeAvoidances {
+		m.JobPodsAvoidingNodes.WithLabelValues(avoidance).Add(float64(n))
+	}
+	for k, n := range obs.BudgetVerdicts {
+		verdict, class, _ := strings.Cut(k, "/")
+		m.JobDisruptionBudget.WithLabelValues(class, verdict).Add(float64(n))
 	}
 	if f := obs.JobFinished; f != nil {
 		result := Failed

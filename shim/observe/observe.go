@@ -37,6 +37,12 @@ type Observations struct {
 	DeviceVerdicts []DeviceVerdict
 	// JobFinished is set when this plan adds the Complete or Failed condition.
 	JobFinished *JobFinished
+	// NodeAvoidances counts the new pods given affinity away from failed nodes, by the
+	// Job's avoidance ("preferred", "required").
+	NodeAvoidances map[string]int
+	// BudgetVerdicts counts the disruption budgets' verdicts taken, by "charged/<class>"
+	// or "spent/<class>".
+	BudgetVerdicts map[string]int
 }
 
 // DeviceFailure labels a device failure: Resource is the failing device's resource

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/harness"
 	"github.com/coroner-dev/coroner/test/wrappers"
@@ -323,7 +324,7 @@ func TestAdmissionPolicyKeepsTheShimToItsJobs(t *testing.T) {
 			t.Errorf("labels %v after the patch", p.Labels)
 		}
 	})
-	patchDenied := "coroner-shim may patch a pod only to remove the finalizer batch.kubernetes.io/job-tracking (labelling a finished pod coroner.dev/counted=true), to adopt an orphan"
+	patchDenied := "coroner-shim may patch a pod only to remove the finalizer batch.kubernetes.io/job-tracking (labelling a finished pod coroner.dev/counted=true, or writing coroner.dev/disruption-budget-verdict on a failed one), to adopt an orphan"
 	// The shim's patch of a counted pod (shim/controller countedPatch) and its variations.
 	counted := func(labels string) string {
 		return fmt.Sprintf(`{"metadata":{"$deleteFromPrimitiveList/finalizers":[%q],"labels":{%s}}}`, conditions.JobTrackingFinalizer, labels)
@@ -371,6 +372,37 @@ func TestAdmissionPolicyKeepsTheShimToItsJobs(t *testing.T) {
 		wantAllowed(t, err)
 		if err == nil && (len(p.Finalizers) != 0 || p.Labels[conditions.CountedLabel] != "true" || p.Labels["app"] != "a") {
 			t.Errorf("counted pod has finalizers %q and labels %v", p.Finalizers, p.Labels)
+		}
+	})
+
+	t.Run("write the disruption budget's verdict on a failed pod of a Job as its finalizer goes", func(t *testing.T) {
+		// shim/controller's budgetVerdictPatch and its variations.
+		verdict := func(annotations string) string {
+			return fmt.Sprintf(`{"metadata":{"$deleteFromPrimitiveList/finalizers":[%q],"annotations":{%s}}}`, conditions.JobTrackingFinalizer, annotations)
+		}
+		spent := fmt.Sprintf("%q:%q", v1alpha1.AnnotationBudgetVerdict, "spent device")
+		live := mustCreatePod(t, admin, wrappers.MakePod("managed-live", ns).ControlledBy(managed).Annotation("a", "1").Finalizer(conditions.JobTrackingFinalizer).Obj())
+		_, err := pods.Patch(ctx, live.Name, types.StrategicMergePatchType, []byte(verdict(spent)), dry)
+		wantDenied(t, err, ownJobs, patchDenied, "pod "+ns+"/managed-live")
+		lost := mustCreatePod(t, admin, wrappers.MakePod("managed-lost", ns).ControlledBy(managed).Annotation("a", "1").Finalizer(conditions.JobTrackingFinalizer).Obj())
+		lost.Status.Phase = corev1.PodFailed
+		if _, err := admin.CoreV1().Pods(ns).UpdateStatus(ctx, lost, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct{ name, patch string }{
+			{"and another annotation", verdict(spent + `,"example.com/x":"y"`)},
+			{"changing another annotation", verdict(spent + `,"a":"2"`)},
+			{"removing another annotation", verdict(spent + `,"a":null`)},
+			{"and a label", fmt.Sprintf(`{"metadata":{"$deleteFromPrimitiveList/finalizers":[%q],"labels":{"app":"x"},"annotations":{%s}}}`, conditions.JobTrackingFinalizer, spent)},
+			{"empty", verdict(fmt.Sprintf("%q:%q", v1alpha1.AnnotationBudgetVerdict, ""))},
+		} {
+			_, err := pods.Patch(ctx, lost.Name, types.StrategicMergePatchType, []byte(tc.patch), dry)
+			wantDenied(t, err, ownJobs, patchDenied, "pod "+ns+"/managed-lost")
+		}
+		p, err := pods.Patch(ctx, lost.Name, types.StrategicMergePatchType, []byte(verdict(spent)), metav1.PatchOptions{})
+		wantAllowed(t, err)
+		if err == nil && (len(p.Finalizers) != 0 || p.Annotations[v1alpha1.AnnotationBudgetVerdict] != "spent device" || p.Annotations["a"] != "1") {
+			t.Errorf("pod has finalizers %q and annotations %v", p.Finalizers, p.Annotations)
 		}
 	})
 
