@@ -125,8 +125,10 @@ func TestNodeBlameAnnotations(t *testing.T) {
 			annotations: map[string]string{v1alpha1.AnnotationDisruptionBudget: "default=2"},
 			want:        []finding{{Hint, budgetKey, "no rule of this Job's has action Ignore"}}},
 		{name: "required on a kubernetes.io/hostname nodeSelector", job: base(), annotations: map[string]string{v1alpha1.AnnotationAvoidFailedNodes: "required"},
-			mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: "gpu-7"} },
-			want:   []finding{{Warning, avoidKey, "is required but the template pins its pods to node gpu-7 (spec.template.spec.nodeSelector kubernetes.io/hostname): once that node kills a pod"}}},
+			mutate: func(j *batchv1.Job) {
+				j.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: "gpu-7"}
+			},
+			want: []finding{{Warning, avoidKey, "is required but the template pins its pods to node gpu-7 (spec.template.spec.nodeSelector kubernetes.io/hostname): once that node kills a pod"}}},
 		{name: "required on nodeName", job: base(), annotations: map[string]string{v1alpha1.AnnotationAvoidFailedNodes: "required"},
 			mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.NodeName = "gpu-7" },
 			want:   []finding{{Warning, avoidKey, "pins its pods to node gpu-7 (spec.template.spec.nodeName)"}}},
