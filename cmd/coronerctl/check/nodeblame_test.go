@@ -103,7 +103,13 @@ func TestNodeBlameAnnotations(t *testing.T) {
 		{name: "none and preferred are valid", job: base(), annotations: map[string]string{v1alpha1.AnnotationAvoidFailedNodes: " preferred "}},
 		{name: "an unknown avoidance", job: base(), annotations: map[string]string{v1alpha1.AnnotationAvoidFailedNodes: "always"},
 			want: []finding{{Error, avoidKey, `"always": want preferred, required or none; coroner-shim ignores it`}}},
-		{name: "each bad part of a budget is named", job: base(), annotations: map[string]string{v1alpha1.AnnotationDisruptionBudget: "device=3,gpu=2,node-oom=x,default=500,preemption"}},
+		{name: "each bad part of a budget is named", job: base(), annotations: map[string]string{v1alpha1.AnnotationDisruptionBudget: "device=3,gpu=2,node-oom=x,default=500,preemption"},
+			want: []finding{
+				{Error, budgetKey, `unknown class "gpu" (want device, node-oom, node-pressure, node-lost, node-shutdown, preemption, eviction, default)`},
+				{Error, budgetKey, `node-oom="x": want a whole number from 0 to 100`},
+				{Error, budgetKey, `default="500": want a whole number from 0 to 100`},
+				{Error, budgetKey, `"preemption" is not class=N`},
+			}},
 		{name: "a class named twice", job: base(), annotations: map[string]string{v1alpha1.AnnotationDisruptionBudget: "device=3, device=4"},
 			want: []finding{{Error, budgetKey, `"device=3, device=4": class device is named twice`}}},
 		{name: "an empty budget", job: base(), annotations: map[string]string{v1alpha1.AnnotationDisruptionBudget: ""},
@@ -153,17 +159,7 @@ func TestNodeBlameAnnotations(t *testing.T) {
 			if tc.mutate != nil {
 				tc.mutate(job)
 			}
-			got := nodeBlameFindings(Job(job, conditions.ManagedBy))
-			if tc.name == "each bad part of a budget is named" {
-				matchFindings(t, got, []finding{
-					{Error, budgetKey, `unknown class "gpu" (want device, node-oom, node-pressure, node-lost, node-shutdown, preemption, eviction, default)`},
-					{Error, budgetKey, `node-oom="x": want a whole number from 0 to 100`},
-					{Error, budgetKey, `default="500": want a whole number from 0 to 100`},
-					{Error, budgetKey, `"preemption" is not class=N`},
-				})
-				return
-			}
-			matchFindings(t, got, tc.want)
+			matchFindings(t, nodeBlameFindings(Job(job, conditions.ManagedBy)), tc.want)
 		})
 	}
 }
