@@ -290,6 +290,10 @@ func nodeBlameReport(job *batchv1.Job, own []*corev1.Pod, pods []PodReport) *Nod
 		nb.Budget = ""
 	}
 
+	if ptrValue(job.Spec.ManagedBy) != conditions.ManagedBy && nodeBlameOn(job, nil) {
+		nb.Problems = append(nb.Problems, "coroner-shim does not run this Job (spec.managedBy is not "+conditions.ManagedBy+"): the annotations have no effect")
+	}
+
 	groups := map[int]*blameGroup{}
 	var order []int
 	group := func(ix int) *blameGroup {
@@ -450,7 +454,11 @@ func writeNodeBlame(w *errWriter, nb *NodeBlameReport) {
 			}
 		}
 		if len(avoids) > 0 {
-			w.printf("    %-11s %s, carried by %s\n", "avoids:", strings.Join(avoids, ", "), g.Pod)
+			label := "avoids:"
+			if nb.Avoidance == string(v1alpha1.AvoidNone) {
+				label = "remembers:"
+			}
+			w.printf("    %-11s %s, carried by %s\n", label, strings.Join(avoids, ", "), g.Pod)
 		}
 		if len(blamed) > 0 {
 			w.printf("    %-11s %s; not carried by the newest pod (its replacement is not made yet, or past the last %d)\n", "blamed:", strings.Join(blamed, ", "), v1alpha1.MaxAvoidedNodes)

@@ -263,6 +263,18 @@ func TestNodeBlameProblems(t *testing.T) {
 		"  no node blamed, no disruption charged",
 	})
 
+	// On a Job coroner-shim does not run, the annotations do nothing: said.
+	job.Spec.ManagedBy = nil
+	job.Annotations = map[string]string{v1alpha1.AnnotationAvoidFailedNodes: "none"}
+	out.Reset()
+	if err := Build(job, nil, nil).Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	assertLinesInOrder(t, out.String(), []string{
+		"  avoid-failed-nodes: none (the nodes are remembered, not avoided)",
+		"  PROBLEM:            coroner-shim does not run this Job (spec.managedBy is not coroner.dev/shim): the annotations have no effect",
+	})
+
 	job.Annotations = nil
 	p := withCondition(ownedPod(job, "j-a", 0).Phase(corev1.PodFailed).ExitedContainer("main", 137), corev1.DisruptionTarget, conditions.ReasonNodeOOMKill, "").Obj()
 	r := Build(job, []*corev1.Pod{p}, nil)
