@@ -16,8 +16,11 @@
 // kill, long-running Jobs that do not ignore disruptions, Jobs whose pods ask for devices
 // but would count a device failure (devices.go), condition types that nothing
 // sets (with the known type meant, condtypes.go), opt-in annotations with a value other
-// than "true" or on the Job instead of its pod template (annotations.go), and rules that
-// can never fire because earlier ones match every pod they would (shadow.go).
+// than "true" or on the Job instead of its pod template (annotations.go), the node-blame
+// annotations coroner.dev/avoid-failed-nodes and coroner.dev/disruption-budget (syntax,
+// a Job not handed to coroner, a budget no Ignore rule uses, required avoidance on a
+// template pinned to one node, nodeblame.go), and rules that can never fire because
+// earlier ones match every pod they would (shadow.go).
 //
 // Input is files, directories (input.go) and stdin, each a stream of documents, Lists
 // (`kubectl get -o yaml`) checked item by item. Every finding is one line: the source and
@@ -105,7 +108,10 @@ func Job(job *batchv1.Job, managedBy string) []Finding {
 	errs := validateJobMeta(&job.ObjectMeta, spec)
 	errs = append(errs, validateJobSpec(spec, field.NewPath("spec"))...)
 	out := append(fromFieldErrors(errs, ""), lint(spec, field.NewPath("spec"), managedBy)...)
-	out = append(out, lintMemoryRetry(annotationsAt{job.Annotations, field.NewPath("metadata", "annotations")}, spec, managedBy)...)
+	jobAt := annotationsAt{job.Annotations, field.NewPath("metadata", "annotations")}
+	out = append(out, lintMemoryRetry(jobAt, spec, managedBy)...)
+	out = append(out, lintNodeBlame(jobAt, spec, managedBy)...)
+	out = append(out, lintNodeBlamePlacement([]annotationsAt{{job.Spec.Template.Annotations, field.NewPath("spec", "template", "metadata", "annotations")}}, jobAt)...)
 	return append(out, lintOptIn(
 		[]annotationsAt{{job.Annotations, field.NewPath("metadata", "annotations")}},
 		annotationsAt{job.Spec.Template.Annotations, field.NewPath("spec", "template", "metadata", "annotations")})...)
@@ -122,7 +128,13 @@ func CronJob(cj *batchv1.CronJob, managedBy string) []Finding {
 		out = append(out, f)
 	}
 	jt := field.NewPath("spec", "jobTemplate")
-	out = append(out, lintMemoryRetry(annotationsAt{cj.Spec.JobTemplate.Annotations, jt.Child("metadata", "annotations")}, spec, managedBy)...)
+	jobAt := annotationsAt{cj.Spec.JobTemplate.Annotations, jt.Child("metadata", "annotations")}
+	out = append(out, lintMemoryRetry(jobAt, spec, managedBy)...)
+	out = append(out, lintNodeBlame(jobAt, spec, managedBy)...)
+	out = append(out, lintNodeBlamePlacement([]annotationsAt{
+		{cj.Annotations, field.NewPath("metadata", "annotations")},
+		{cj.Spec.JobTemplate.Spec.Template.Annotations, jt.Child("spec", "template", "metadata", "annotations")},
+	}, jobAt)...)
 	return append(out, lintOptIn(
 		[]annotationsAt{
 			{cj.Annotations, field.NewPath("metadata", "annotations")},

@@ -14,7 +14,6 @@ import (
 
 	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
-	"github.com/coroner-dev/coroner/shim/policy"
 )
 
 // RecordState says what explain had of the Job's JobRecord.
@@ -170,7 +169,7 @@ func recordNotes(job *batchv1.Job, rec *v1alpha1.JobRecord, pods []PodReport) []
 	for _, p := range pods {
 		switch {
 		case p.pod != nil && p.pod.Status.Phase == corev1.PodFailed:
-			if policy.Match(job.Spec.PodFailurePolicy, p.pod).CountsAsFailure() {
+			if countsAsFailure(job, p.pod) {
 				known++
 			}
 		case p.entry != nil && p.entry.Outcome == v1alpha1.OutcomeFailed:

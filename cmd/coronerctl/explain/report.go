@@ -70,6 +70,7 @@ func Build(job *batchv1.Job, pods []*corev1.Pod, rec *v1alpha1.JobRecord) *Repor
 	if indexed(job) {
 		r.Indexes = indexStates(job, own)
 	}
+	r.NodeBlame = nodeBlameReport(job, own, r.Pods)
 	r.Notes = append(r.Notes, recordNotes(job, rec, r.Pods)...)
 	if mb := ptrValue(job.Spec.ManagedBy); mb != conditions.ManagedBy {
 		who := "the built-in Job controller"
@@ -128,13 +129,18 @@ func podReport(job *batchv1.Job, p *corev1.Pod) PodReport {
 	if ix := podIndex(job, p); ix != noIndex {
 		pr.Index = &ix
 	}
+	nodeBlameDetails(job, p, &pr)
 	if g, grew := growth(job, p); grew {
 		pr.Rule = v1alpha1.AnnotationOOMMemoryRetry + ": " + g[0].String()
 		pr.Action = "not counted; the replacement gets more memory"
 	} else if p.Status.Phase == corev1.PodFailed {
 		res := policy.Match(job.Spec.PodFailurePolicy, p)
 		pr.Rule = ruleText(job, res)
-		pr.Action = actionText(job, p, podIndex(job, p), res, indexed(job) && job.Spec.BackoffLimitPerIndex != nil)
+		perIndex := indexed(job) && job.Spec.BackoffLimitPerIndex != nil
+		pr.Action = actionText(job, p, podIndex(job, p), res, perIndex)
+		if a, ok := budgetAction(job, p, res, actionText(job, p, podIndex(job, p), policy.Result{}, perIndex)); ok {
+			pr.Action = a
+		}
 		if line, waiting, ok := awaitingDevice(job, p); ok && waiting {
 			// coroner-shim sees it running until the verdict is in.
 			pr.Rule = "not decided yet: coroner-agent's device verdict can change the rule that matches"
@@ -265,7 +271,7 @@ func indexStates(job *batchv1.Job, pods []*corev1.Pod) []IndexState {
 			f, _ := backoff.IndexFailureCount(p)
 			ig, _ := backoff.IndexIgnoredFailureCount(p)
 			if p.Status.Phase == corev1.PodFailed {
-				if _, grew := growth(job, p); !grew && policy.Match(job.Spec.PodFailurePolicy, p).CountsAsFailure() {
+				if _, grew := growth(job, p); !grew && countsAsFailure(job, p) {
 					f++
 				} else {
 					ig++

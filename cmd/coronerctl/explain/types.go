@@ -65,6 +65,10 @@ type Report struct {
 	Indexes []IndexState `json:"indexes,omitempty"`
 	// Record says what explain had of coroner-shim's record of the Job.
 	Record RecordState `json:"record"`
+	// NodeBlame is, for a Job with coroner.dev/avoid-failed-nodes or
+	// coroner.dev/disruption-budget (or pods coroner-shim marked with either), the nodes
+	// its replacements avoid and why, and what its disruption budget has spent.
+	NodeBlame *NodeBlameReport `json:"nodeBlame,omitempty"`
 	// Notes are remarks about the report itself.
 	Notes []string `json:"notes,omitempty"`
 
@@ -161,6 +165,89 @@ type IndexState struct {
 	Memory string `json:"memory,omitempty"`
 }
 
+// NodeBlameReport is a Job's node-blame story (docs/explain.md, "When a node keeps
+// killing pods").
+type NodeBlameReport struct {
+	// Avoidance is the Job's coroner.dev/avoid-failed-nodes (preferred, required, none);
+	// empty when it has none, or one that does not parse: coroner-shim's
+	// --avoid-failed-nodes then decides.
+	Avoidance string `json:"avoidance,omitempty"`
+	// Budget is the Job's coroner.dev/disruption-budget as written; empty when it has
+	// none, or one that does not parse.
+	Budget string `json:"budget,omitempty"`
+	// Problems are the Job's annotations that do not parse, and what the shim does instead.
+	Problems []string `json:"problems,omitempty"`
+	// Groups are the indexes of an Indexed Job that have something to say (a node
+	// blamed, a failure charged, a budget spent, a pod that cannot be scheduled), or the
+	// Job as one group.
+	Groups []BlameGroup `json:"groups,omitempty"`
+}
+
+// BlameGroup is one index (Index set), or a NonIndexed Job.
+type BlameGroup struct {
+	Index *int `json:"index,omitempty"`
+	// Pod is the newest existing pod, whose coroner.dev/avoided-nodes is what the index
+	// avoids now.
+	Pod string `json:"pod,omitempty"`
+	// Nodes are the nodes the newest pod avoids (oldest first), then those a death
+	// blamed that it does not carry.
+	Nodes []AvoidedNodeReport `json:"nodes,omitempty"`
+	// Budgets are the classes the budget names, each with what it spent.
+	Budgets []BudgetUse `json:"budgets,omitempty"`
+	// Unschedulable says, for each pending pod that avoids nodes and that the scheduler
+	// found no node for, "POD cannot be scheduled: it avoids nodes a, b
+	// (avoid-failed-nodes: required); scheduler: MESSAGE".
+	Unschedulable []string `json:"unschedulable,omitempty"`
+}
+
+// AvoidedNodeReport is a node that a death blamed.
+type AvoidedNodeReport struct {
+	Node string `json:"node"`
+	// Class is the disruption class of the (latest) death that blamed it.
+	Class string `json:"class"`
+	// Pods are the pods of the group, existing or recorded, whose death blamed the node.
+	Pods []string `json:"pods,omitempty"`
+	// Avoided: the newest pod carries it in coroner.dev/avoided-nodes.
+	Avoided bool `json:"avoided"`
+}
+
+// BudgetUse is what a disruption budget's class spent in a group.
+type BudgetUse struct {
+	Class string `json:"class"`
+	// Charged counts the failures an Ignore rule ignored within the budget; Limit is the
+	// budget.
+	Charged int `json:"charged"`
+	Limit   int `json:"limit"`
+	// Spent: the next failure of the class counts (Charged reached Limit), or one did.
+	Spent bool `json:"spent"`
+	// Counted are the failed pods that counted because the budget was spent.
+	Counted []string `json:"counted,omitempty"`
+}
+
+// DeepCopy copies the report.
+func (nb *NodeBlameReport) DeepCopy() *NodeBlameReport {
+	if nb == nil {
+		return nil
+	}
+	c := *nb
+	c.Problems = slices.Clone(nb.Problems)
+	c.Groups = slices.Clone(nb.Groups)
+	for i := range c.Groups {
+		g := &c.Groups[i]
+		if g.Index != nil {
+			g.Index = ptrTo(*g.Index)
+		}
+		g.Nodes, g.Budgets, g.Unschedulable = slices.Clone(g.Nodes), slices.Clone(g.Budgets), slices.Clone(g.Unschedulable)
+		for j := range g.Nodes {
+			g.Nodes[j].Pods = slices.Clone(g.Nodes[j].Pods)
+		}
+		for j := range g.Budgets {
+			g.Budgets[j].Counted = slices.Clone(g.Budgets[j].Counted)
+		}
+	}
+	return &c
+}
+
 // List holds several reports (kind List, as kubectl's).
 type List struct {
 	metav1.TypeMeta `json:",inline"`
@@ -180,6 +267,7 @@ func (r *Report) DeepCopyObject() runtime.Object {
 	c := *r
 	c.Rules, c.Notes = slices.Clone(r.Rules), slices.Clone(r.Notes)
 	c.Record.Dropped = maps.Clone(r.Record.Dropped)
+	c.NodeBlame = r.NodeBlame.DeepCopy()
 	c.Pods = make([]PodReport, len(r.Pods))
 	for i := range r.Pods {
 		c.Pods[i] = *r.Pods[i].DeepCopyObject().(*PodReport)

@@ -117,7 +117,7 @@ func (r *Report) Write(out io.Writer) error {
 				w.printf("    %-11s %s\n", "WARNING:", warn)
 			}
 			for _, l := range p.Details {
-				if l.Label == "history" || l.Label == "last exit" || l.Label == "oom" || l.Label == "disruption" {
+				if l.Label == "history" || l.Label == "last exit" || l.Label == "oom" || l.Label == "disruption" || l.Label == "avoids" {
 					w.printf("    %-11s %s\n", l.Label+":", l.Text)
 				}
 			}
@@ -159,6 +159,10 @@ func (r *Report) Write(out io.Writer) error {
 		if c := int(ptrValue(js.Completions)); c > maxIndexRows {
 			w.printf("  (only indexes with pods or failed are listed, of %d)\n", c)
 		}
+	}
+
+	if r.NodeBlame != nil {
+		writeNodeBlame(w, r.NodeBlame)
 	}
 
 	if len(r.Notes) > 0 {
