@@ -34,8 +34,9 @@ type Story struct {
 	// Verdicts are, by pod UID, the budget's verdict on each failed pod whose failure an
 	// Ignore rule matched and whose class the budget bounds.
 	Verdicts map[string]v1alpha1.BudgetVerdict
-	// New are the UIDs of the failed pods whose verdict Judge took now (none was on the
-	// pod, and no pod carried it on): the controller writes them on the pods.
+	// New are the UIDs of the failed pods whose verdict is not on the pod yet (Judge took
+	// it now, or found it carried on by a later pod): the controller writes them on the
+	// pods as their finalizers go.
 	New map[string]bool
 	// Damaged are the errors of annotations that did not parse (what parsed is used).
 	Damaged []error
@@ -107,6 +108,7 @@ func Judge(pods []*corev1.Pod, budget v1alpha1.DisruptionBudget, ignored func(*c
 		}
 		if class, ok := chargedTo(st.Charged, id); ok {
 			st.Verdicts[string(p.UID)] = v1alpha1.BudgetVerdict{Charged: true, Class: class}
+			st.New[string(p.UID)] = true
 			continue
 		}
 		open = append(open, p)

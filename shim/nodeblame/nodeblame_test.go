@@ -140,7 +140,7 @@ func TestJudgeBudget(t *testing.T) {
 		{"a failure carried on as charged is charged, not judged again", "device=1", []podSpec{
 			{name: "a", node: "n1", finished: 1, reason: dev},
 			{name: "next", node: "n2", finished: -1, created: 3, ann: map[string]string{v1alpha1.AnnotationDisruptionsCharged: "device=" + id("a")}},
-		}, map[string]string{"a": "charged device"}, nil, "device=" + id("a")},
+		}, map[string]string{"a": "charged device"}, []string{"a"}, "device=" + id("a")},
 		{"a budget of 0 spends the first", "node-oom=0", []podSpec{
 			{name: "a", node: "n1", finished: 1, reason: oom},
 		}, map[string]string{"a": "spent node-oom"}, []string{"a"}, ""},
