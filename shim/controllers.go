@@ -20,6 +20,7 @@ import (
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/informers"
 	"github.com/coroner-dev/coroner/shim/metrics"
+	"github.com/coroner-dev/coroner/shim/quarantine"
 	"github.com/coroner-dev/coroner/shim/recoverer"
 )
 
@@ -33,19 +34,24 @@ type Config struct {
 	Jobs controller.Config
 	// Recovery configures node-failure recovery.
 	Recovery recoverer.Config
+	// Quarantine configures the quarantine of nodes that keep killing pods (and the count
+	// of the deaths blamed on nodes). Its ManagedBy, Clock, Metrics and Recorder default to
+	// the Job controller's.
+	Quarantine quarantine.Config
 	// Informers configures the shared informers: where the agents' Leases are, and the
 	// namespace of the pods that are not Jobs' pods.
 	Informers informers.Config
 }
 
-// Controllers are coroner-shim's two controllers, the Job controller and node-failure
-// recovery, on one set of shared informers. Build them with NewControllers; Run runs
+// Controllers are coroner-shim's controllers, the Job controller, node-failure recovery and
+// the node quarantine, on one set of shared informers. Build them with NewControllers; Run runs
 // them.
 type Controllers struct {
-	client    kubernetes.Interface
-	informers *informers.Informers
-	jobs      *controller.Controller
-	recoverer *recoverer.Recoverer
+	client     kubernetes.Interface
+	informers  *informers.Informers
+	jobs       *controller.Controller
+	recoverer  *recoverer.Recoverer
+	quarantine *quarantine.Controller
 	// broadcaster is set when NewControllers built the recorder; Run starts and stops it.
 	broadcaster record.EventBroadcaster
 }
@@ -75,13 +81,29 @@ func NewControllers(ctx context.Context, client kubernetes.Interface, cfg Config
 	if r.Recorder == nil {
 		r.Recorder = cfg.Jobs.Recorder
 	}
+	q := &cfg.Quarantine
+	if q.ManagedBy == "" {
+		q.ManagedBy = cfg.Jobs.ManagedBy
+	}
+	if q.Clock == nil {
+		q.Clock = cfg.Jobs.Clock
+	}
+	if q.Metrics == nil {
+		q.Metrics = cfg.Jobs.Metrics
+	}
+	if q.Recorder == nil {
+		q.Recorder = cfg.Jobs.Recorder
+	}
 	c.jobs = controller.New(ctx, client, c.informers, cfg.Jobs)
 	c.recoverer = recoverer.New(ctx, client, c.informers, cfg.Recovery)
+	c.quarantine = quarantine.New(ctx, client, c.informers, cfg.Quarantine)
 	return c
 }
 
-// HasSynced reports whether the caches of both controllers have synced (for /readyz).
-func (c *Controllers) HasSynced() bool { return c.jobs.HasSynced() && c.recoverer.HasSynced() }
+// HasSynced reports whether the caches of every controller have synced (for /readyz).
+func (c *Controllers) HasSynced() bool {
+	return c.jobs.HasSynced() && c.recoverer.HasSynced() && c.quarantine.HasSynced()
+}
 
 // Run starts the Event recorder (when NewControllers built it) and the informers, runs both
 // controllers until ctx is done, and returns once both have stopped (each lets the work it
@@ -98,9 +120,10 @@ func (c *Controllers) Run(ctx context.Context) error {
 	defer c.informers.Shutdown()
 
 	var wg sync.WaitGroup
-	var jobsErr, recoveryErr error
+	var jobsErr, recoveryErr, quarantineErr error
 	wg.Go(func() { jobsErr = c.jobs.Run(ctx) })
 	wg.Go(func() { recoveryErr = c.recoverer.Run(ctx) })
+	wg.Go(func() { quarantineErr = c.quarantine.Run(ctx) })
 	// The pods a shim made before coroner.dev/managed must carry it before the pod cache
 	// fills, or the Job controller would take them for missing and replace them.
 	if err := c.labelOwnPods(ctx); err == nil {
@@ -108,7 +131,7 @@ func (c *Controllers) Run(ctx context.Context) error {
 		c.informers.Start(ctx.Done())
 	}
 	wg.Wait()
-	return errors.Join(jobsErr, recoveryErr)
+	return errors.Join(jobsErr, recoveryErr, quarantineErr)
 }
 
 // labelOwnPods runs controller.LabelOwnPods until it succeeds, retrying after an error

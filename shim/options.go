@@ -18,6 +18,7 @@ import (
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim/controller"
 	"github.com/coroner-dev/coroner/shim/policy"
+	"github.com/coroner-dev/coroner/shim/quarantine"
 	"github.com/coroner-dev/coroner/shim/recoverer"
 )
 
@@ -65,6 +66,14 @@ type Options struct {
 	// JobRecordMaxPods bounds the entries of one.
 	JobRecords       bool
 	JobRecordMaxPods int
+
+	// The quarantine of nodes that keep killing pods (shim/quarantine): off unless
+	// Quarantine; QuarantineMax is "N" or "P%" (quarantine.ParseMax).
+	Quarantine       bool
+	QuarantineDeaths int
+	QuarantineWindow time.Duration
+	QuarantineFor    time.Duration
+	QuarantineMax    string
 }
 
 // NewOptions returns the defaults.
@@ -100,6 +109,11 @@ func NewOptions() *Options {
 		RecoverPods:          string(recoverer.RecoverAll),
 		JobRecords:           true,
 		JobRecordMaxPods:     controller.DefaultRecordMaxPods,
+
+		QuarantineDeaths: quarantine.DefaultDeaths,
+		QuarantineWindow: quarantine.DefaultWindow,
+		QuarantineFor:    quarantine.DefaultFor,
+		QuarantineMax:    quarantine.DefaultMax,
 	}
 }
 
@@ -131,6 +145,13 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.JobRecords, "job-records", o.JobRecords, "Keep, for every managed Job, a JobRecord (coroner.dev/v1alpha1, CRD in deploy/base/jobrecord-crd.yaml) with each pod that left the Job: its last phase, cause of death, the podFailurePolicy decision, why the shim deleted it; coronerctl explain reads it. Needs the CRD installed (checked at start). false keeps none: explain then tells only the pods that exist.")
 	fs.IntVar(&o.JobRecordMaxPods, "job-record-max-pods", o.JobRecordMaxPods, "The most pod entries one JobRecord keeps (about 500 bytes each as stored, the API server's managedFields included; at most 2500, as an object must stay under etcd's 1.5 MiB); past it the oldest go first in the order Deleted, Ignored, Failed, counted in the record's dropped field.")
 	fs.DurationVar(&o.StaleDisruptionAfter, "stale-disruption-after", o.StaleDisruptionAfter, "How long DisruptionTarget=True may stay on a pod that is not being deleted before the shim sets it False (Z4).")
+
+	// The node quarantine (shim/quarantine).
+	fs.BoolVar(&o.Quarantine, "quarantine", o.Quarantine, "Quarantine the nodes that keep killing pods: a node on which --quarantine-deaths pods of managed Jobs died within --quarantine-window of a cause that blames the node (device, node-oom, node-pressure, node-lost) gets the taint coroner.dev/quarantined=<cause>:NoSchedule (running pods stay), lifted after --quarantine-for without another such death, or by hand (coronerctl quarantine lift NODE). Needs the RBAC to patch nodes (deploy/base/shim-rbac.yaml). The deaths are counted in coroner_node_blamed_deaths_total either way.")
+	fs.IntVar(&o.QuarantineDeaths, "quarantine-deaths", o.QuarantineDeaths, "Deaths blamed on a node within --quarantine-window that quarantine it (with --quarantine).")
+	fs.DurationVar(&o.QuarantineWindow, "quarantine-window", o.QuarantineWindow, "The window in which --quarantine-deaths deaths quarantine a node (with --quarantine).")
+	fs.DurationVar(&o.QuarantineFor, "quarantine-for", o.QuarantineFor, "How long a quarantined node must go without a death blamed on it before its taint is lifted (with --quarantine). After a restart of the shim, which keeps the deaths in memory, a node tainted before is kept this long from the restart.")
+	fs.StringVar(&o.QuarantineMax, "quarantine-max", o.QuarantineMax, "The most nodes quarantined at once: a number (3) or a percentage of the nodes (10%, rounded down), at least 1. A node that would go past it is spared, with a QuarantineSpared Event on it (with --quarantine).")
 }
 
 // Validate reports every invalid option at once.
@@ -193,7 +214,36 @@ func (o *Options) Validate() error {
 	if o.ZombieThreshold <= 0 {
 		errs = append(errs, fmt.Errorf("--zombie-threshold=%v: must be positive", o.ZombieThreshold))
 	}
+	errs = append(errs, o.validateQuarantine()...)
 	return errors.Join(errs...)
+}
+
+// validateQuarantine checks the --quarantine-* flags, whether --quarantine is on or not.
+func (o *Options) validateQuarantine() []error {
+	var errs []error
+	if o.QuarantineDeaths < 1 {
+		errs = append(errs, fmt.Errorf("--quarantine-deaths=%d: must be at least 1", o.QuarantineDeaths))
+	}
+	if o.QuarantineWindow <= 0 {
+		errs = append(errs, fmt.Errorf("--quarantine-window=%v: must be positive", o.QuarantineWindow))
+	}
+	if o.QuarantineFor <= 0 {
+		errs = append(errs, fmt.Errorf("--quarantine-for=%v: must be positive", o.QuarantineFor))
+	}
+	if _, err := quarantine.ParseMax(o.QuarantineMax); err != nil {
+		errs = append(errs, fmt.Errorf("--quarantine-max=%w", err))
+	}
+	return errs
+}
+
+// QuarantineConfig is the quarantine's configuration from the options (which Validate
+// accepted).
+func (o *Options) QuarantineConfig() quarantine.Config {
+	m, _ := quarantine.ParseMax(o.QuarantineMax)
+	return quarantine.Config{
+		Enabled: o.Quarantine,
+		Options: quarantine.Options{Deaths: o.QuarantineDeaths, Window: o.QuarantineWindow, For: o.QuarantineFor, Max: m},
+	}
 }
 
 // validateDomainPrefixedPath applies the API server's rule for spec.managedBy: a

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/coroner-dev/coroner/shim/quarantine"
 )
 
 func TestOptionsValidate(t *testing.T) {
@@ -73,5 +75,52 @@ func TestDefaults(t *testing.T) {
 	}
 	if o.DeviceVerdictWait != 30*time.Second {
 		t.Errorf("default --device-verdict-wait=%v, want 30s (three times the agent's 10 s window, docs/choices.md)", o.DeviceVerdictWait)
+	}
+}
+
+// TestQuarantineOptions checks the --quarantine-* flags: validated whether --quarantine is
+// on or not, and turned into the quarantine's Config.
+func TestQuarantineOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		wantErr []string
+		want    quarantine.Config
+	}{
+		{name: "off by default", want: quarantine.Config{Options: quarantine.Options{Deaths: 3, Window: 30 * time.Minute, For: time.Hour, Max: quarantine.Max{N: 10, Percent: true}}}},
+		{name: "on, with short durations and an absolute max",
+			args: []string{"--quarantine", "--quarantine-deaths=2", "--quarantine-window=1m", "--quarantine-for=30s", "--quarantine-max=2"},
+			want: quarantine.Config{Enabled: true, Options: quarantine.Options{Deaths: 2, Window: time.Minute, For: 30 * time.Second, Max: quarantine.Max{N: 2}}}},
+		{name: "no deaths", args: []string{"--quarantine-deaths=0"}, wantErr: []string{"--quarantine-deaths=0: must be at least 1"}},
+		{name: "zero window", args: []string{"--quarantine-window=0"}, wantErr: []string{"--quarantine-window=0s: must be positive"}},
+		{name: "negative for", args: []string{"--quarantine", "--quarantine-for=-1m"}, wantErr: []string{"--quarantine-for=-1m0s: must be positive"}},
+		{name: "max zero", args: []string{"--quarantine-max=0"}, wantErr: []string{`--quarantine-max="0": must be at least 1`}},
+		{name: "max over 100%", args: []string{"--quarantine-max=150%"}, wantErr: []string{`--quarantine-max="150%": a percentage must be between 1% and 100%`}},
+		{name: "max not a number", args: []string{"--quarantine-max=half"}, wantErr: []string{`--quarantine-max="half": want a number of nodes (3) or a percentage of the nodes (10%)`}},
+		{name: "every error at once", args: []string{"--quarantine-deaths=-1", "--quarantine-max=x"}, wantErr: []string{"--quarantine-deaths=-1", "--quarantine-max="}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := NewOptions()
+			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+			o.AddFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatalf("parse: %v", err)
+			}
+			err := o.Validate()
+			if len(tc.wantErr) == 0 {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				if got := o.QuarantineConfig(); got != tc.want {
+					t.Errorf("QuarantineConfig() = %+v, want %+v", got, tc.want)
+				}
+				return
+			}
+			for _, want := range tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("Validate() = %v, want it to mention %q", err, want)
+				}
+			}
+		})
 	}
 }

@@ -108,7 +108,8 @@ func Run(ctx context.Context, cfg *rest.Config, opts *Options) error {
 			},
 			RecoverPods: recoverer.RecoverScope(opts.RecoverPods),
 		},
-		Informers: informers.Config{AgentNamespace: opts.AgentNamespace},
+		Informers:  informers.Config{AgentNamespace: opts.AgentNamespace},
+		Quarantine: opts.QuarantineConfig(),
 	})
 
 	var leading, standingBy atomic.Bool

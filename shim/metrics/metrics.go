@@ -163,6 +163,23 @@ type Metrics struct {
 	JobRecordBytes   *prometheus.CounterVec
 	JobRecordEntries *prometheus.CounterVec
 
+	// NodeBlamedDeaths (coroner_node_blamed_deaths_total) counts the deaths of managed
+	// Jobs' pods blamed on their node (conditions.NodeBlame), once per pod, with or without
+	// --quarantine. Labels: node, cause (device, node-oom, node-pressure, node-lost).
+	NodeBlamedDeaths *prometheus.CounterVec
+	// NodesQuarantined (coroner_nodes_quarantined, gauge) is the number of nodes with the
+	// taint coroner.dev/quarantined, as the shim's node cache sees them (--quarantine only).
+	NodesQuarantined prometheus.Gauge
+	// NodeQuarantines (coroner_node_quarantines_total) counts the nodes the shim tainted.
+	// Label: cause (the taint's value).
+	NodeQuarantines *prometheus.CounterVec
+	// NodeQuarantinesSpared (coroner_node_quarantines_spared_total) counts the nodes left
+	// untainted because --quarantine-max nodes were quarantined (once per new death).
+	NodeQuarantinesSpared prometheus.Counter
+	// NodeQuarantinesLifted (coroner_node_quarantines_lifted_total) counts the taints the
+	// shim lifted after --quarantine-for without a new death.
+	NodeQuarantinesLifted prometheus.Counter
+
 	// Leader (coroner_leader, gauge) is 1 while this replica leads (holds the leader Lease,
 	// or runs without leader election), 0 while it stands by. Always served. No labels.
 	Leader prometheus.Gauge
@@ -292,6 +309,31 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name:      "job_record_entries_total",
 			Help:      "Pod entries recorded in JobRecords by a successful write. outcome: Succeeded, Failed, Ignored, Deleted.",
 		}, []string{"outcome"}),
+		NodeBlamedDeaths: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "node_blamed_deaths_total",
+			Help:      "Deaths of managed Jobs' pods blamed on their node, once per pod. node: the node; cause: device, node-oom, node-pressure, node-lost.",
+		}, []string{"node", "cause"}),
+		NodesQuarantined: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace,
+			Name:      "nodes_quarantined",
+			Help:      "Nodes with the taint coroner.dev/quarantined (with --quarantine).",
+		}),
+		NodeQuarantines: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "node_quarantines_total",
+			Help:      "Nodes the shim tainted coroner.dev/quarantined. cause: the taint's value (device, node-oom, node-pressure, node-lost).",
+		}, []string{"cause"}),
+		NodeQuarantinesSpared: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "node_quarantines_spared_total",
+			Help:      "Nodes left untainted, though they had the deaths a quarantine takes, because --quarantine-max nodes were quarantined (once per new death).",
+		}),
+		NodeQuarantinesLifted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "node_quarantines_lifted_total",
+			Help:      "Quarantine taints the shim lifted after --quarantine-for without a new death blamed on the node.",
+		}),
 	}
 	reg.MustRegister(m.Leader, leaderOnly{leading: m.leading, collectors: []prometheus.Collector{
 		m.JobSyncDuration,
@@ -311,6 +353,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.JobRecordWrites,
 		m.JobRecordBytes,
 		m.JobRecordEntries,
+		m.NodeBlamedDeaths,
+		m.NodesQuarantined,
+		m.NodeQuarantines,
+		m.NodeQuarantinesSpared,
+		m.NodeQuarantinesLifted,
 	}})
 	m.SetLeader(true)
 	return m

@@ -17,8 +17,12 @@ import (
 // except coroner_leader's (TestLeader checks it).
 func samples(t *testing.T, reg *prometheus.Registry) []string {
 	t.Helper()
-	return allSamples(t, reg, "coroner_leader")
+	return allSamples(t, reg, append([]string{"coroner_leader"}, quarantineScalars...)...)
 }
+
+// quarantineScalars are the node quarantine's metrics without labels, served (at 0) by
+// every leader; samples leaves them out, TestNodeBlame checks them.
+var quarantineScalars = []string{"coroner_nodes_quarantined", "coroner_node_quarantines_spared_total", "coroner_node_quarantines_lifted_total"}
 
 // allSamples is samples with only the metrics named in skip left out.
 func allSamples(t *testing.T, reg *prometheus.Registry, skip ...string) []string {
@@ -195,6 +199,9 @@ func TestLeader(t *testing.T) {
 		"coroner_job_pods_creation_total{reason=new,status=succeeded} 2",
 		"coroner_leader{} 1",
 		"coroner_managed_jobs{} 3",
+		"coroner_node_quarantines_lifted_total{} 0",
+		"coroner_node_quarantines_spared_total{} 0",
+		"coroner_nodes_quarantined{} 0",
 	}
 	for _, step := range []struct {
 		name    string
@@ -227,4 +234,31 @@ func TestNilMetrics(t *testing.T) {
 	m.SetLeader(true)
 	m.Record(observe.Observations{PodsFinished: map[string]int{"failed": 1}}, "NonIndexed", BackoffLimitGlobal)
 	m.PodsCreated(observe.CreateNew, Succeeded, 1)
+}
+
+// TestNodeBlame checks the node quarantine's metrics: their labels, and that only the
+// leader serves them, as the Job metrics.
+func TestNodeBlame(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.NodeBlamedDeaths.WithLabelValues("node-a", "device").Inc()
+	m.NodeBlamedDeaths.WithLabelValues("node-a", "node-oom").Add(2)
+	m.NodesQuarantined.Set(1)
+	m.NodeQuarantines.WithLabelValues("node-oom").Inc()
+	m.NodeQuarantinesSpared.Inc()
+	want := []string{
+		"coroner_node_blamed_deaths_total{cause=device,node=node-a} 1",
+		"coroner_node_blamed_deaths_total{cause=node-oom,node=node-a} 2",
+		"coroner_node_quarantines_lifted_total{} 0",
+		"coroner_node_quarantines_spared_total{} 1",
+		"coroner_node_quarantines_total{cause=node-oom} 1",
+		"coroner_nodes_quarantined{} 1",
+	}
+	if diff := cmp.Diff(want, allSamples(t, reg, "coroner_leader", "coroner_managed_jobs")); diff != "" {
+		t.Errorf("samples (-want +got):\n%s", diff)
+	}
+	m.SetLeader(false)
+	if got := allSamples(t, reg, "coroner_leader"); len(got) != 0 {
+		t.Errorf("a standby serves %v", got)
+	}
 }
