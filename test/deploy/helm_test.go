@@ -285,3 +285,45 @@ func mustJSON(t *testing.T, u *unstructured.Unstructured) string {
 	}
 	return string(b)
 }
+
+// TestHelmQuarantineValues checks shim.quarantine: off by default (no flag rendered, as in
+// the kustomize base), and its values reach the shim's flags, which pass its validation;
+// the node policy holds the release's shim.
+func TestHelmQuarantineValues(t *testing.T) {
+	shimArgs := func(objs map[string]*unstructured.Unstructured) *shim.Options {
+		var dep appsv1.Deployment
+		fromUnstructured(t, objs["apps/v1 Deployment coroner-system/coroner-shim"], &dep)
+		args := dep.Spec.Template.Spec.Containers[0].Args
+		o := shim.NewOptions()
+		parseFlags(t, "coroner-shim", o.AddFlags, args, nil)
+		if err := o.Validate(); err != nil {
+			t.Errorf("shim arguments %q: %v", args, err)
+		}
+		return o
+	}
+	if o := shimArgs(helmTemplate(t)); o.Quarantine {
+		t.Errorf("the quarantine is on by default")
+	}
+	objs := helmTemplate(t, "--set", "shim.quarantine.enabled=true,shim.quarantine.deaths=2,shim.quarantine.window=10m,shim.quarantine.for=2h,shim.quarantine.max=25%",
+		"--set", "clusterNamePrefix=second-", "--namespace", "other-ns")
+	var dep appsv1.Deployment
+	fromUnstructured(t, objs["apps/v1 Deployment other-ns/coroner-shim"], &dep)
+	o := shim.NewOptions()
+	parseFlags(t, "coroner-shim", o.AddFlags, dep.Spec.Template.Spec.Containers[0].Args, nil)
+	if err := o.Validate(); err != nil {
+		t.Error(err)
+	}
+	if !o.Quarantine || o.QuarantineDeaths != 2 || o.QuarantineWindow.String() != "10m0s" || o.QuarantineFor.String() != "2h0m0s" || o.QuarantineMax != "25%" {
+		t.Errorf("quarantine options: %v %d %v %v %q", o.Quarantine, o.QuarantineDeaths, o.QuarantineWindow, o.QuarantineFor, o.QuarantineMax)
+	}
+	var policy admissionregistrationv1.ValidatingAdmissionPolicy
+	fromUnstructured(t, objs["admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy /second-coroner-shim-node-quarantine"], &policy)
+	if len(policy.Spec.MatchConditions) != 1 || !strings.Contains(policy.Spec.MatchConditions[0].Expression, "'system:serviceaccount:other-ns:coroner-shim'") {
+		t.Errorf("the node policy does not hold the release's shim: %+v", policy.Spec.MatchConditions)
+	}
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	fromUnstructured(t, objs["admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding /second-coroner-shim-node-quarantine"], &binding)
+	if binding.Spec.PolicyName != "second-coroner-shim-node-quarantine" {
+		t.Errorf("the node policy's binding names %q", binding.Spec.PolicyName)
+	}
+}

@@ -594,3 +594,145 @@ func jwtClaims(t *testing.T, token string) tokenClaims {
 	}
 	return c
 }
+
+// TestAdmissionPolicyKeepsTheShimToTheQuarantineTaint uses a real token of the shim and
+// checks that, on Nodes, it may add, change and remove the taint coroner.dev/quarantined
+// (with the patch shim/quarantine makes, conditions.QuarantineTaintPatch) and nothing else
+// its ClusterRole's nodes patch would allow: no cordon, no other taint, no label or
+// annotation, no NoExecute; RBAC refuses the rest (update, status, create, delete).
+func TestAdmissionPolicyKeepsTheShimToTheQuarantineTaint(t *testing.T) {
+	env := deployed(t)
+	ctx := context.Background()
+	admin := kubernetes.NewForConfigOrDie(env.Config)
+
+	gpu := corev1.Taint{Key: "example.com/gpu", Value: "a100", Effect: corev1.TaintEffectNoSchedule}
+	node, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "quarantine-policy-a", Labels: map[string]string{"pool": "gpu"}},
+		Spec:       corev1.NodeSpec{Taints: []corev1.Taint{gpu}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{}) })
+	// The API server adds node.kubernetes.io/not-ready (TaintNodesByCondition): the taints
+	// that are not the quarantine's are the stored ones.
+	others := node.Spec.Taints
+	othersJSON, err := json.Marshal(others)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withOthers := func(extra ...string) string {
+		return `{"spec":{"taints":[` + strings.Join(append([]string{strings.Trim(string(othersJSON), "[]")}, extra...), ",") + `]}}`
+	}
+
+	shimPod := createPod(t, admin, namespace, "coroner-shim-quarantine", "", "coroner-shim")
+	shim := kubernetes.NewForConfigOrDie(tokenConfig(env, tokenFor(t, admin, "coroner-shim", shimPod)))
+	nodes := shim.CoreV1().Nodes()
+	onNodes := fmt.Sprintf("ValidatingAdmissionPolicy '%s'", nodePolicyName)
+	dry := metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}
+	cordon := []byte(`{"spec":{"unschedulable":true}}`)
+
+	err = eventually(30*time.Second, func() error {
+		_, err := nodes.Patch(ctx, node.Name, types.StrategicMergePatchType, cordon, dry)
+		if isForbiddenBy(err, onNodes) {
+			return nil
+		}
+		return fmt.Errorf("cordoning a node as the shim: %v", err)
+	})
+	if err != nil {
+		t.Fatalf("the policy is not enforced: %v", err)
+	}
+
+	// The shim's own patches, from the node as it is stored.
+	quarantine := func(t *testing.T, taint *corev1.Taint) (*corev1.Node, error) {
+		t.Helper()
+		cur, err := admin.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := conditions.QuarantineTaintPatch(cur, taint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return nodes.Patch(ctx, node.Name, types.JSONPatchType, body, metav1.PatchOptions{FieldManager: "coroner-shim-quarantine"})
+	}
+	taint := func(value string, effect corev1.TaintEffect) *corev1.Taint {
+		return &corev1.Taint{Key: conditions.QuarantineTaintKey, Value: value, Effect: effect, TimeAdded: &metav1.Time{Time: time.Now().Truncate(time.Second)}}
+	}
+	t.Run("add the quarantine taint", func(t *testing.T) {
+		n, err := quarantine(t, taint("device", corev1.TaintEffectNoSchedule))
+		wantAllowed(t, err)
+		if err == nil && (len(n.Spec.Taints) != len(others)+1 || !slices.Equal(n.Spec.Taints[:len(others)], others) ||
+			n.Spec.Taints[len(others)].Key != conditions.QuarantineTaintKey || n.Spec.Taints[len(others)].TimeAdded == nil) {
+			t.Errorf("taints after the patch: %+v", n.Spec.Taints)
+		}
+	})
+	t.Run("change its cause", func(t *testing.T) {
+		n, err := quarantine(t, taint("node-oom", corev1.TaintEffectNoSchedule))
+		wantAllowed(t, err)
+		if err == nil && (len(n.Spec.Taints) != len(others)+1 || n.Spec.Taints[len(others)].Value != "node-oom") {
+			t.Errorf("taints after the patch: %+v", n.Spec.Taints)
+		}
+	})
+	t.Run("a patch from a stale copy is refused by its resourceVersion test", func(t *testing.T) {
+		stale := node.DeepCopy() // the resourceVersion at creation
+		body, err := conditions.QuarantineTaintPatch(stale, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = nodes.Patch(ctx, node.Name, types.JSONPatchType, body, metav1.PatchOptions{})
+		if err == nil || isForbiddenBy(err, onNodes) {
+			t.Errorf("err = %v; want the JSON patch's test to fail", err)
+		} else {
+			t.Logf("stale patch: %v (reason %s)", err, apierrors.ReasonForError(err))
+		}
+	})
+
+	quarantineTaint := fmt.Sprintf(`{"key":%q,"value":"device","effect":"NoSchedule"}`, conditions.QuarantineTaintKey)
+	for _, tc := range []struct {
+		name, patch, want string
+	}{
+		{"cordon it", string(cordon), "may change no field of a Node spec but its taint coroner.dev/quarantined (not unschedulable: no cordon); node quarantine-policy-a"},
+		{"set its podCIDR", `{"spec":{"podCIDR":"10.244.9.0/24","podCIDRs":["10.244.9.0/24"]}}`, "may change no field of a Node spec"},
+		{"add another taint", withOthers(quarantineTaint, `{"key":"example.com/x","effect":"NoSchedule"}`), "may add, change or remove no taint of a Node but coroner.dev/quarantined; node quarantine-policy-a"},
+		{"remove another taint", `{"spec":{"taints":[` + quarantineTaint + `]}}`, "may add, change or remove no taint of a Node but coroner.dev/quarantined"},
+		{"change another taint", strings.Replace(withOthers(quarantineTaint), "a100", "h100", 1), "may add, change or remove no taint"},
+		{"make the quarantine NoExecute", withOthers(fmt.Sprintf(`{"key":%q,"value":"device","effect":"NoExecute"}`, conditions.QuarantineTaintKey)), "may set one taint coroner.dev/quarantined, with effect NoSchedule (running pods are never evicted)"},
+		{"set two quarantine taints", withOthers(quarantineTaint, fmt.Sprintf(`{"key":%q,"value":"node-oom","effect":"PreferNoSchedule"}`, conditions.QuarantineTaintKey)), "may set one taint coroner.dev/quarantined"},
+		{"add a label", `{"metadata":{"labels":{"chaos":"x"}}}`, "may change no label, annotation, finalizer or owner reference of a Node; node quarantine-policy-a"},
+		{"remove a label", `{"metadata":{"labels":{"pool":null}}}`, "may change no label"},
+		{"add an annotation", `{"metadata":{"annotations":{"example.com/x":"y"}}}`, "may change no label, annotation"},
+		{"add a finalizer", `{"metadata":{"finalizers":["example.com/hold"]}}`, "may change no label, annotation, finalizer"},
+		{"quarantine and label it at once", `{"metadata":{"labels":{"chaos":"x"}},` + strings.TrimPrefix(withOthers(quarantineTaint), "{"), "may change no label"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := nodes.Patch(ctx, node.Name, types.MergePatchType, []byte(tc.patch), dry)
+			wantDenied(t, err, onNodes, tc.want)
+		})
+	}
+	t.Run("the rest is not granted", func(t *testing.T) {
+		err := nodes.Delete(ctx, node.Name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		wantDenied(t, err, `cannot delete resource "nodes"`)
+		_, err = nodes.Patch(ctx, node.Name, types.MergePatchType, []byte(`{"status":{"capacity":{"cpu":"1"}}}`), dry, "status")
+		wantDenied(t, err, `cannot patch resource "nodes/status"`)
+		_, err = nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "quarantine-policy-new"}}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		wantDenied(t, err, `cannot create resource "nodes"`)
+		cur, err := admin.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = nodes.Update(ctx, cur, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		wantDenied(t, err, `cannot update resource "nodes"`)
+	})
+	t.Run("remove the quarantine taint", func(t *testing.T) {
+		n, err := quarantine(t, nil)
+		wantAllowed(t, err)
+		if err == nil && !slices.Equal(n.Spec.Taints, others) {
+			t.Errorf("taints after the patch: %+v", n.Spec.Taints)
+		}
+	})
+	t.Run("admins are not held by it", func(t *testing.T) {
+		_, err := admin.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, cordon, dry)
+		wantAllowed(t, err)
+	})
+}

@@ -67,6 +67,8 @@ const (
 	policyName = "coroner-agent-own-node"
 	// shimPolicyName is the shim's.
 	shimPolicyName = "coroner-shim-own-jobs"
+	// nodePolicyName is the shim's on Nodes (the quarantine taint only).
+	nodePolicyName = "coroner-shim-node-quarantine"
 	// fieldManager is the server-side apply field manager of these tests.
 	fieldManager = "coroner-deploy-test"
 )

@@ -234,7 +234,7 @@ func TestRenderedManifests(t *testing.T) {
 				}
 			}
 
-			for _, name := range []string{policyName, shimPolicyName} {
+			for _, name := range []string{policyName, shimPolicyName, nodePolicyName} {
 				if _, ok := r.objs["ValidatingAdmissionPolicy/"+name].(*admissionregistrationv1.ValidatingAdmissionPolicy); !ok {
 					t.Errorf("no ValidatingAdmissionPolicy %s", name)
 				}
@@ -393,7 +393,7 @@ func TestManifestsApply(t *testing.T) {
 		t.Fatalf("starting kube-controller-manager: %v", err)
 	}
 	defer stop()
-	for _, name := range []string{policyName, shimPolicyName} {
+	for _, name := range []string{policyName, shimPolicyName, nodePolicyName} {
 		var policy *admissionregistrationv1.ValidatingAdmissionPolicy
 		err = eventually(60*time.Second, func() error {
 			p, err := client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})

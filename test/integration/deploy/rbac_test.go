@@ -80,7 +80,12 @@ func TestLeastPrivilege(t *testing.T) {
 		{shimSA, access{verb: "create", resource: "pods", subresource: "eviction", namespace: other}, false},
 		{shimSA, access{verb: "create", resource: "pods", subresource: "exec", namespace: other}, false},
 		{shimSA, access{verb: "watch", resource: "nodes"}, true},
-		{shimSA, access{verb: "patch", resource: "nodes", name: "node-a"}, false},
+		// Nodes: patch for the quarantine taint only (the policy coroner-shim-node-quarantine
+		// narrows it to that taint); no update, status, create or delete.
+		{shimSA, access{verb: "patch", resource: "nodes", name: "node-a"}, true},
+		{shimSA, access{verb: "update", resource: "nodes", name: "node-a"}, false},
+		{shimSA, access{verb: "patch", resource: "nodes", subresource: "status", name: "node-a"}, false},
+		{shimSA, access{verb: "create", resource: "nodes"}, false},
 		{shimSA, access{verb: "delete", resource: "nodes", name: "node-a"}, false},
 		{shimSA, access{verb: "create", resource: "events", namespace: other}, true},
 		{shimSA, access{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: namespace}, true},
@@ -112,6 +117,8 @@ func TestLeastPrivilege(t *testing.T) {
 			{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingadmissionpolicybindings", name: policyName},
 			{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingadmissionpolicies", name: shimPolicyName},
 			{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingadmissionpolicybindings", name: shimPolicyName},
+			{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingadmissionpolicies", name: nodePolicyName},
+			{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingadmissionpolicybindings", name: nodePolicyName},
 			{verb: "impersonate", resource: "serviceaccounts", namespace: namespace},
 		} {
 			cases = append(cases, sarCase{sa, a, false})
