@@ -39,7 +39,11 @@ func (h *History) Add(d Death) bool {
 	if slices.ContainsFunc(h.Deaths, func(o Death) bool { return o.UID == d.UID }) {
 		return false
 	}
-	i, _ := slices.BinarySearchFunc(h.Deaths, d, func(a, b Death) int { return a.At.Compare(b.At) })
+	// After the deaths of the same time: in the order observed.
+	i := len(h.Deaths)
+	for i > 0 && h.Deaths[i-1].At.After(d.At) {
+		i--
+	}
 	h.Deaths = slices.Insert(h.Deaths, i, d)
 	if d.At.After(h.Last) {
 		h.Last = d.At
