@@ -44,6 +44,11 @@ func TestRun(t *testing.T) {
 		{name: "explain bad -o", argv0: "coronerctl", args: []string{"explain", "job/x", "-o", "xml"}, wantCode: 2, wantStderr: `coronerctl explain: -o must be text, json or yaml, not "xml"`},
 		{name: "explain unknown resource", argv0: "coronerctl", args: []string{"explain", "deploy/x"}, wantCode: 2, wantStderr: `coronerctl explain: explain knows jobs and pods, not "deploy"`},
 		{name: "chaos unknown action", argv0: "coronerctl", args: []string{"chaos", "nuke", "x"}, wantCode: 2, wantStderr: `coronerctl chaos: unknown action "nuke"`},
+		{name: "quarantine help", argv0: "coronerctl", args: []string{"quarantine", "--help"}, wantStdout: "coronerctl quarantine lift NODE    remove the taint now"},
+		{name: "quarantine nothing", argv0: "coronerctl", args: []string{"quarantine"}, wantCode: 2, wantStderr: "coronerctl quarantine: missing subcommand: list, or lift NODE"},
+		{name: "quarantine unknown", argv0: "kubectl-coroner", args: []string{"quarantine", "clear"}, wantCode: 2, wantStderr: `kubectl coroner quarantine: unknown subcommand "clear": list, or lift NODE`},
+		{name: "quarantine lift no node", argv0: "coronerctl", args: []string{"quarantine", "lift"}, wantCode: 2, wantStderr: "coronerctl quarantine lift: lift takes one NODE, not 0 arguments"},
+		{name: "quarantine list with an argument", argv0: "coronerctl", args: []string{"quarantine", "list", "x"}, wantCode: 2, wantStderr: `coronerctl quarantine list: unexpected argument "x"`},
 		{name: "chaos bad flag value", argv0: "coronerctl", args: []string{"chaos", "drain", "n1", "--timeout=0s"}, wantCode: 2, wantStderr: "coronerctl chaos: --timeout must be positive"},
 	}
 	for _, tc := range cases {

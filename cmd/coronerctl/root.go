@@ -9,13 +9,16 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/coroner-dev/coroner/cmd/coronerctl/chaos"
 	"github.com/coroner-dev/coroner/cmd/coronerctl/check"
 	"github.com/coroner-dev/coroner/cmd/coronerctl/explain"
+	"github.com/coroner-dev/coroner/cmd/coronerctl/quarantine"
 )
 
 // version is coronerctl's version, set at build time with
@@ -123,6 +126,7 @@ const rootLong = `coronerctl: explain and check coroner's decisions.
   coronerctl explain pod NAME        one pod (also job/NAME, pod/NAME; -A for every coroner-managed Job)
   coronerctl check -f job.yaml       validate a Job's failure policy offline
   coronerctl chaos ACTION ARG        inject a failure: evict, drain, preempt anywhere; partition, kill-kubelet, oom, device-fail in the lab
+  coronerctl quarantine list         the nodes coroner-shim quarantined (--quarantine); quarantine lift NODE lifts one
 
 Installed on the PATH as kubectl-coroner, it is also "kubectl coroner".`
 
@@ -180,7 +184,7 @@ func newRoot(name string, stdin io.Reader, stdout io.Writer) *cobra.Command {
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(versionCmd(name), explainCmd(name), checkCmd(name), chaosCmd(name))
+	root.AddCommand(versionCmd(name), explainCmd(name), checkCmd(name), chaosCmd(name), quarantineCmd(name))
 	return root
 }
 
@@ -265,5 +269,66 @@ func chaosCmd(name string) *cobra.Command {
 	}
 	o.Flags.AddFlags(cmd.Flags())
 	o.AddFlags(cmd.Flags())
+	return cmd
+}
+
+// quarantineCmd is `quarantine list` and `quarantine lift NODE`, with kubectl's flags.
+func quarantineCmd(name string) *cobra.Command {
+	flags := genericclioptions.NewConfigFlags(true)
+	client := func() (kubernetes.Interface, error) {
+		cfg, err := flags.ToRESTConfig()
+		if err != nil {
+			return nil, fmt.Errorf("loading the client configuration: %w", err)
+		}
+		cfg.UserAgent = "coronerctl-quarantine"
+		return kubernetes.NewForConfig(cfg)
+	}
+	cmd := &cobra.Command{
+		Use:   "quarantine list | lift NODE",
+		Short: "The nodes coroner-shim quarantined; lift one by hand",
+		Long:  named(name, quarantine.Usage),
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("missing subcommand: list, or lift NODE")
+			}
+			return usagef("unknown subcommand %q: list, or lift NODE", args[0])
+		},
+	}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "Every node with the taint coroner.dev/quarantined: cause, since when, whether it schedules",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cs, err := client()
+			if err != nil {
+				return err
+			}
+			rows, err := quarantine.List(cmd.Context(), cs)
+			if err != nil {
+				return err
+			}
+			return quarantine.Print(cmd.OutOrStdout(), rows, time.Now())
+		},
+	}
+	lift := &cobra.Command{
+		Use:   "lift NODE",
+		Short: "Remove the taint coroner.dev/quarantined of NODE (and nothing else), with your credentials",
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("lift takes one NODE, not %d arguments", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cs, err := client()
+			if err != nil {
+				return err
+			}
+			return quarantine.Lift(cmd.Context(), cs, cmd.OutOrStdout(), args[0])
+		},
+	}
+	flags.AddFlags(cmd.PersistentFlags())
+	cmd.AddCommand(list, lift)
 	return cmd
 }

@@ -3,6 +3,7 @@ package shim_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/types"
 
+	ctlquarantine "github.com/coroner-dev/coroner/cmd/coronerctl/quarantine"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/shim"
 	"github.com/coroner-dev/coroner/shim/controller"
@@ -100,17 +101,19 @@ func TestQuarantine(t *testing.T) {
 
 	// b lifted by hand: not tainted again by the deaths it was quarantined for, still in
 	// the window.
-	n, err := f.client.CoreV1().Nodes().Get(context.Background(), b, metav1.GetOptions{})
+	// As coronerctl quarantine list and lift do it.
+	rows, err := ctlquarantine.List(context.Background(), f.client)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, err := conditions.QuarantineTaintPatch(n, nil)
-	if err != nil {
+	if i := slices.IndexFunc(rows, func(r ctlquarantine.Row) bool { return r.Node == b }); i < 0 || rows[i].Cause != "node-oom" || rows[i].Schedules != "no" || rows[i].Since.IsZero() {
+		t.Errorf("coronerctl quarantine list: %+v, want %s quarantined for node-oom", rows, b)
+	}
+	var out strings.Builder
+	if err := ctlquarantine.Lift(context.Background(), f.client, &out, b); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.client.CoreV1().Nodes().Patch(context.Background(), b, types.JSONPatchType, body, metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	t.Logf("coronerctl quarantine lift %s: %s", b, out.String())
 	deadline := time.Now().Add(4 * time.Second)
 	for time.Now().Before(deadline) {
 		if tt := f.taint(b); tt != nil {
