@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -24,7 +25,10 @@ import (
 // carries its node's name), every write a dry run. The agent may stamp a pod of its own
 // node (the control that shows the token works) and nothing else asked here; the shim may
 // write the status of Jobs it manages, not of Jobs it does not manage, and may neither
-// delete a bare pod that is not opted in to recovery nor create a pod that no Job controls.
+// delete a bare pod that is not opted in to recovery nor create a pod that no Job controls;
+// on Nodes it may set the taint coroner.dev/quarantined (NoSchedule) and nothing else: no
+// cordon, no other taint, no NoExecute, no label, no deletion (nodes.go); the agent may not
+// taint its node.
 func security(ctx context.Context, e *env, o options) result {
 	r := result{Name: "security"}
 	ns, _, cleanup, err := e.namespace(ctx, "security")
@@ -158,6 +162,34 @@ func security(ctx context.Context, e *env, o options) result {
 			return err
 		}},
 	}
+	// Nodes: the shim may patch them (RBAC) for the quarantine taint only (the admission
+	// policy coroner-shim-node-quarantine), the agent not at all. Each try is built from the
+	// node as read just before it: its patch is guarded by the resourceVersion, and a
+	// failed guard (Invalid, before admission) would pass for an allowed request.
+	nodeTry := func(cs kubernetes.Interface, node string, i int) error {
+		n, err := e.cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		tries, err := nodeTries(n, time.Now())
+		if err != nil {
+			return err
+		}
+		if tries[i].Delete {
+			return cs.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		}
+		_, err = cs.CoreV1().Nodes().Patch(ctx, node, tries[i].PatchType, tries[i].Body, dry)
+		return err
+	}
+	tries, err := nodeTries(&corev1.Node{}, time.Now())
+	if err != nil {
+		return r.fail(err)
+	}
+	for i, tr := range tries {
+		reqs = append(reqs, req{"shim", tr.What + " " + other, tr.Allowed, func(cs kubernetes.Interface) error { return nodeTry(cs, other, i) }})
+	}
+	reqs = append(reqs, req{"agent", tries[0].What + " " + own, false, func(cs kubernetes.Interface) error { return nodeTry(cs, own, 0) }})
+
 	clients := map[string]kubernetes.Interface{"agent": agent, "shim": shim}
 	n := 0
 	for _, q := range reqs {
