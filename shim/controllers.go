@@ -105,8 +105,8 @@ func (c *Controllers) HasSynced() bool {
 	return c.jobs.HasSynced() && c.recoverer.HasSynced() && c.quarantine.HasSynced()
 }
 
-// Run starts the Event recorder (when NewControllers built it) and the informers, runs both
-// controllers until ctx is done, and returns once both have stopped (each lets the work it
+// Run starts the Event recorder (when NewControllers built it) and the informers, runs every
+// controller until ctx is done, and returns once all have stopped (each lets the work it
 // is on finish first, see controller.Controller.Run), after shutting the informers and the
 // recorder down. It returns an error if the caches did not sync before ctx was done.
 func (c *Controllers) Run(ctx context.Context) error {
@@ -116,7 +116,7 @@ func (c *Controllers) Run(ctx context.Context) error {
 		c.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
 		defer c.broadcaster.Shutdown()
 	}
-	// After both controllers have stopped: nothing reads the informers any more.
+	// After every controller has stopped: nothing reads the informers any more.
 	defer c.informers.Shutdown()
 
 	var wg sync.WaitGroup

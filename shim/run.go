@@ -41,9 +41,9 @@ const ServerCheckTimeout = 15 * time.Second
 // lease duration before /healthz reports it unhealthy.
 const leaderHealthTimeout = 20 * time.Second
 
-// Run runs coroner-shim until ctx is done: the Job controller and node-failure recovery
-// on their shared informers (Controllers; both under leader election on a Lease when
-// opts.LeaderElect), /metrics on opts.MetricsAddress, and /healthz and /readyz on
+// Run runs coroner-shim until ctx is done: the Job controller, node-failure recovery and
+// the node quarantine on their shared informers (Controllers; all under leader election on
+// a Lease when opts.LeaderElect), /metrics on opts.MetricsAddress, and /healthz and /readyz on
 // opts.HealthAddress (either "0" for off). opts must be valid (Validate).
 //
 // It fails at once, with an error that says so, when the API server cannot be reached

@@ -253,9 +253,9 @@ func (c *Controller) deleteNode(obj any) {
 	}
 }
 
-// forget drops the deaths blamed on node so far (all of its history when deleted; else
-// the time of the latest death, which a quarantine to come does not need, is dropped
-// too).
+// forget drops all the controller remembers of node: the deaths blamed on it so far,
+// the time of the latest (a quarantine to come starts its clock at a later death) and
+// whether it was spared. deleted says why, for the log.
 func (c *Controller) forget(node string, deleted bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
