@@ -25,9 +25,9 @@ func nodeBlameJob(f *fixture, name string, annotations ...string) *batchv1.Job {
 	f.t.Helper()
 	w := wrappers.MakeJob(name, f.ns).Indexed().Completions(2).Parallelism(2).BackoffLimitPerIndex(0).
 		PodFailurePolicy(wrappers.OnPodCondition(batchv1.PodFailurePolicyActionIgnore, conditions.DisruptionTarget))
-	w.Job.Annotations = map[string]string{}
+	w.Annotations = map[string]string{}
 	for i := 0; i+1 < len(annotations); i += 2 {
-		w.Job.Annotations[annotations[i]] = annotations[i+1]
+		w.Annotations[annotations[i]] = annotations[i+1]
 	}
 	return f.createJob(w)
 }
