@@ -288,7 +288,7 @@ func mustJSON(t *testing.T, u *unstructured.Unstructured) string {
 
 // TestHelmQuarantineValues checks shim.quarantine: off by default (no flag rendered, as in
 // the kustomize base), and its values reach the shim's flags, which pass its validation;
-// the node policy holds the release's shim.
+// the node policy holds the release's shim. shim.avoidFailedNodes likewise.
 func TestHelmQuarantineValues(t *testing.T) {
 	shimArgs := func(objs map[string]*unstructured.Unstructured) *shim.Options {
 		var dep appsv1.Deployment
@@ -303,6 +303,12 @@ func TestHelmQuarantineValues(t *testing.T) {
 	}
 	if o := shimArgs(helmTemplate(t)); o.Quarantine {
 		t.Errorf("the quarantine is on by default")
+	}
+	if o := shimArgs(helmTemplate(t)); o.AvoidFailedNodes != "none" {
+		t.Errorf("the avoidance of failed nodes is %q by default", o.AvoidFailedNodes)
+	}
+	if o := shimArgs(helmTemplate(t, "--set", "shim.avoidFailedNodes=preferred")); o.AvoidFailedNodes != "preferred" {
+		t.Errorf("shim.avoidFailedNodes=preferred gave %q", o.AvoidFailedNodes)
 	}
 	objs := helmTemplate(t, "--set", "shim.quarantine.enabled=true,shim.quarantine.deaths=2,shim.quarantine.window=10m,shim.quarantine.for=2h,shim.quarantine.max=25%",
 		"--set", "clusterNamePrefix=second-", "--namespace", "other-ns")
