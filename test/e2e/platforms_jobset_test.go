@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
 	"github.com/coroner-dev/coroner/test/lab"
 )
@@ -94,7 +95,7 @@ type jobSetStory struct {
 // JobSet's failure policy, which reads the child Job's Failed reason PodFailurePolicy,
 // fails the whole JobSet at once: no restart.
 func TestPlatformJobSetLimitOOM(t *testing.T) {
-	needPlatforms(t)
+	needJobSet(t)
 	t.Parallel()
 	sideBySide(t, func(t *testing.T, run controllerRun) jobSetStory {
 		ctx, ns := platformNamespace(t, run, 5*time.Minute)
@@ -117,7 +118,7 @@ func TestPlatformJobSetLimitOOM(t *testing.T) {
 // NodeOOMKill; its child Job's policy ignores it and replaces the pod, which completes, so
 // the JobSet completes with no restart. The two runs take the disturbed node in turn.
 func TestPlatformJobSetNodeOOMIgnored(t *testing.T) {
-	needPlatforms(t)
+	needJobSet(t)
 	stories := map[string]jobSetStory{}
 	for _, run := range bothControllers {
 		t.Run(run.name, func(t *testing.T) {
@@ -161,6 +162,122 @@ func TestPlatformJobSetNodeOOMIgnored(t *testing.T) {
 	if !strings.HasPrefix(coroner.Condition, "Completed/") || coroner.Restarts != 0 {
 		t.Errorf("want the JobSet Completed with no restart; got %+v", coroner)
 	}
+}
+
+// TestPlatformJobSetAvoidsFailedNode: a JobSet whose worker Job template carries
+// coroner.dev/avoid-failed-nodes: required (JobSet copies the template's annotations and
+// managedBy into the child Job, and the namespace is opted in, as the other JobSet cases
+// hand their Jobs to coroner), its pod on node X (preferred by the template, node Y
+// allowed). A node OOM kills the worker: stamped NodeOOMKill, ignored by the child Job's
+// policy, and its replacement runs on Y with the required affinity away from X; the
+// JobSet completes with no restart. coroner's run only: the built-in controller has no
+// such annotation.
+func TestPlatformJobSetAvoidsFailedNode(t *testing.T) {
+	needJobSet(t)
+	x, y := blamedNode(), spareNode()
+	run := bothControllers[0]
+	ctx, ns := platformNamespace(t, run, 4*time.Minute)
+	apply(ctx, t, fmt.Sprintf(`apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata:
+  name: train
+  namespace: %[1]s
+spec:
+  failurePolicy:
+    maxRestarts: 2
+  replicatedJobs:
+  - name: workers
+    replicas: 1
+    template:
+      metadata:
+        annotations:
+          %[2]s: required
+      spec:
+        managedBy: %[3]s
+        completionMode: Indexed
+        completions: 1
+        parallelism: 1
+        backoffLimitPerIndex: 1
+        podFailurePolicy:
+          rules:
+          - action: Ignore
+            onPodConditions:
+            - type: DisruptionTarget
+        template:
+          spec:
+            restartPolicy: Never
+            terminationGracePeriodSeconds: 1
+            affinity:
+              nodeAffinity:
+                requiredDuringSchedulingIgnoredDuringExecution:
+                  nodeSelectorTerms:
+                  - matchExpressions:
+                    - {key: %[4]s, operator: In, values: [%[5]s, %[6]s]}
+                preferredDuringSchedulingIgnoredDuringExecution:
+                - weight: 100
+                  preference:
+                    matchExpressions:
+                    - {key: %[4]s, operator: In, values: [%[5]s]}
+            containers:
+            - name: main
+              image: busybox:local
+              imagePullPolicy: Never
+              command: ["sh", "-c", %[7]q]
+              env:
+              - name: IGNORED
+                valueFrom:
+                  fieldRef:
+                    fieldPath: metadata.annotations['batch.kubernetes.io/job-index-ignored-failure-count']
+`, ns, v1alpha1.AnnotationAvoidFailedNodes, lab.ManagedBy, hostnameLabel, x, y,
+		`if [ "${IGNORED:-0}" = 0 ]; then exec memhog -step-mib 2 -interval 50ms -max-mib 1024; fi; echo done`))
+	var victim corev1.Pod
+	err := lab.Poll(ctx, 2*time.Minute, "the worker running", func() (bool, error) {
+		l, err := suite.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil || len(l.Items) == 0 {
+			return false, nil
+		}
+		victim = l.Items[0]
+		return victim.Status.Phase == corev1.PodRunning && allStarted(&victim), nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, describe(ns, ""))
+	}
+	if victim.Spec.NodeName != x {
+		t.Fatalf("the worker %s ran on %s, not on %s (preferred by its affinity)", victim.Name, victim.Spec.NodeName, x)
+	}
+	child := victim.Labels[batchv1.JobNameLabel]
+	cj, err := suite.cs.BatchV1().Jobs(ns).Get(ctx, child, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantController(t, run, cj)
+	if got := cj.Annotations[v1alpha1.AnnotationAvoidFailedNodes]; got != string(v1alpha1.AvoidRequired) {
+		t.Fatalf("child Job %s: %s %q, want required (from the JobSet's template)", child, v1alpha1.AnnotationAvoidFailedNodes, got)
+	}
+	time.Sleep(2 * time.Second) // let it grow past everything else on the node
+	coronerctl(ctx, t, "chaos", "oom", "-n", ns, victim.Name, "--node")
+	waitPod(ctx, t, ns, victim.Name, "the worker killed by the node OOM", time.Minute, func(p *corev1.Pod) bool {
+		return p == nil || terminated(p) != nil
+	})
+	story := waitJobSet(ctx, t, ns, "train", run, 3*time.Minute)
+	t.Logf("%+v", story)
+	if !strings.HasPrefix(story.Condition, "Completed/") || story.Restarts != 0 {
+		t.Errorf("want the JobSet Completed with no restart; got %+v", story)
+	}
+	wantCondition(t, pod(ctx, t, ns, victim.Name), corev1.DisruptionTarget, conditions.ReasonNodeOOMKill)
+	pods := jobPods(ctx, t, ns, child)
+	if len(pods) != 2 {
+		t.Fatalf("pods of %s %v, want 2 (the worker and its replacement)", child, podNames(pods))
+	}
+	r := &pods[1]
+	if r.Spec.NodeName == x || r.Spec.NodeName == "" {
+		t.Errorf("the replacement %s ran on %q, want off %s", r.Name, r.Spec.NodeName, x)
+	}
+	if got, want := r.Annotations[v1alpha1.AnnotationAvoidedNodes], x+"="+string(conditions.DisruptionNodeOOM); got != want {
+		t.Errorf("the replacement %s: %s %q, want %q", r.Name, v1alpha1.AnnotationAvoidedNodes, got, want)
+	}
+	wantAvoidsRequired(t, r, x, []string{x, y})
+	wantEvent(ctx, t, ns, child, eventAvoidingNodes, x)
 }
 
 // waitJobSet waits for the JobSet's Completed or Failed condition and tells its story.

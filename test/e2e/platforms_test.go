@@ -56,14 +56,27 @@ func dynamicClient(t *testing.T) dynamic.Interface {
 	return dynamicOnce.dc
 }
 
-var platformsCheck struct {
-	once sync.Once
-	err  error
-}
+// platformsChecked holds, per group/version asked for, whether the API server serves it
+// (a platformCheck).
+var platformsChecked sync.Map
+
+type platformCheck struct{ err error }
 
 // needPlatforms skips a platform case unless CORONER_E2E_PLATFORMS=1, and fails it when
 // Kueue or JobSet is not installed then.
 func needPlatforms(t *testing.T) {
+	t.Helper()
+	needPlatformAPIs(t, "kueue.x-k8s.io/v1beta2", "jobset.x-k8s.io/v1alpha2")
+}
+
+// needJobSet is needPlatforms for a case of JobSet alone (make platforms, or go run
+// ./test/platforms/cmd -platforms jobset install).
+func needJobSet(t *testing.T) {
+	t.Helper()
+	needPlatformAPIs(t, "jobset.x-k8s.io/v1alpha2")
+}
+
+func needPlatformAPIs(t *testing.T, groupVersions ...string) {
 	t.Helper()
 	if suite.skip != "" {
 		t.Skip(suite.skip)
@@ -71,16 +84,15 @@ func needPlatforms(t *testing.T) {
 	if os.Getenv("CORONER_E2E_PLATFORMS") != "1" {
 		t.Skip("the platform cases need Kueue and JobSet installed (LAB_PLATFORMS=1 make lab, or make platforms): make e2e-platforms")
 	}
-	platformsCheck.once.Do(func() {
-		for _, gv := range []string{"kueue.x-k8s.io/v1beta2", "jobset.x-k8s.io/v1alpha2"} {
-			if _, err := suite.cs.Discovery().ServerResourcesForGroupVersion(gv); err != nil {
-				platformsCheck.err = fmt.Errorf("%s is not served (make platforms): %w", gv, err)
-				return
-			}
+	for _, gv := range groupVersions {
+		v, seen := platformsChecked.Load(gv)
+		if !seen {
+			_, err := suite.cs.Discovery().ServerResourcesForGroupVersion(gv)
+			v, _ = platformsChecked.LoadOrStore(gv, platformCheck{err})
 		}
-	})
-	if platformsCheck.err != nil {
-		t.Fatal(platformsCheck.err)
+		if err := v.(platformCheck).err; err != nil {
+			t.Fatalf("%s is not served (make platforms): %v", gv, err)
+		}
 	}
 }
 
