@@ -238,8 +238,15 @@ func disruptionBudget(t *testing.T, node string) {
 	first, dev := startOnGPU(ctx, t, j, node)
 	coronerctl(ctx, t, "chaos", "device-fail", node, dev)
 
+	p := waitPod(ctx, t, ns, first.Name, "Failed, stamped "+conditions.ReasonDeviceFailure, time.Minute, func(p *corev1.Pod) bool {
+		c := condition(p, corev1.DisruptionTarget)
+		return p == nil || p.Status.Phase == corev1.PodFailed && c != nil && c.Reason == conditions.ReasonDeviceFailure
+	})
+	if p == nil {
+		t.Fatalf("pod %s gone before it was stamped", first.Name)
+	}
 	charged := v1alpha1.BudgetVerdict{Class: conditions.DisruptionDevice, Charged: true}.String()
-	p := waitPod(ctx, t, ns, first.Name, "failed with the verdict "+charged, time.Minute, func(p *corev1.Pod) bool {
+	p = waitPod(ctx, t, ns, first.Name, "the budget verdict "+charged, eventWait, func(p *corev1.Pod) bool {
 		return p == nil || p.Annotations[v1alpha1.AnnotationBudgetVerdict] != ""
 	})
 	if p == nil {
@@ -248,7 +255,6 @@ func disruptionBudget(t *testing.T, node string) {
 	if got := p.Annotations[v1alpha1.AnnotationBudgetVerdict]; got != charged {
 		t.Fatalf("pod %s: %s %q, want %q", p.Name, v1alpha1.AnnotationBudgetVerdict, got, charged)
 	}
-	wantCondition(t, p, corev1.DisruptionTarget, conditions.ReasonDeviceFailure)
 
 	// The replacement: the first failure ignored (not counted), charged to the budget.
 	var second corev1.Pod
@@ -436,7 +442,9 @@ func deviceDeaths(ctx context.Context, t *testing.T, ns, name, node, other strin
 		}
 		heldDevice(ctx, t, ns, p.Name, node)
 	}
-	coronerctl(ctx, t, "chaos", "device-fail", node)
+	for _, p := range pods {
+		coronerctl(ctx, t, "chaos", "device-fail", node, "pod/"+p.Name, "-n", ns)
+	}
 	for _, p := range pods {
 		got := waitPod(ctx, t, ns, p.Name, "stamped "+conditions.ReasonDeviceFailure, time.Minute, func(p *corev1.Pod) bool {
 			c := condition(p, corev1.DisruptionTarget)
@@ -617,8 +625,13 @@ func waitShimLeads(ctx context.Context, args []string) error {
 		}
 		for _, p := range pods.Items {
 			for _, s := range p.Status.ContainerStatuses {
-				if term := s.LastTerminationState.Terminated; s.Name == lab.ShimContainer && term != nil && term.ExitCode != 0 && slices.Equal(podShimArgs(&p), args) {
-					return false, fmt.Errorf("pod %s: the shim exited %d: %s", p.Name, term.ExitCode, term.Message)
+				for _, term := range []*corev1.ContainerStateTerminated{s.State.Terminated, s.LastTerminationState.Terminated} {
+					if s.Name == lab.ShimContainer && term != nil && term.ExitCode != 0 && slices.Equal(podShimArgs(&p), args) {
+						logs, _ := suite.cs.CoreV1().Pods(lab.ShimNamespace).GetLogs(p.Name, &corev1.PodLogOptions{
+							Container: lab.ShimContainer, Previous: term == s.LastTerminationState.Terminated, TailLines: ptr.To[int64](5),
+						}).DoRaw(ctx)
+						return false, fmt.Errorf("pod %s: the shim exited %d: %s\n%s", p.Name, term.ExitCode, term.Message, logs)
+					}
 				}
 			}
 		}
