@@ -28,17 +28,15 @@ import (
 
 	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/jobsync"
 	"github.com/coroner-dev/coroner/test/lab"
 )
 
-// coroner-shim's Events about nodes it avoids and budgets it spends (on the Job), and its
-// quarantine Events (on the Node).
+// coroner-shim's quarantine Events (on the Node).
 const (
-	eventAvoidingNodes         = "AvoidingNodes"
-	eventDisruptionBudgetSpent = "DisruptionBudgetSpent"
-	eventNodeQuarantined       = "NodeQuarantined"
-	eventQuarantineSpared      = "QuarantineSpared"
-	eventNodeQuarantineLifted  = "NodeQuarantineLifted"
+	eventNodeQuarantined      = "NodeQuarantined"
+	eventQuarantineSpared     = "QuarantineSpared"
+	eventNodeQuarantineLifted = "NodeQuarantineLifted"
 	// quarantineTaintKey is the taint coroner-shim --quarantine puts on a node, its value
 	// the class of the deaths, its effect NoSchedule.
 	quarantineTaintKey = conditions.Prefix + "quarantined"
@@ -148,13 +146,22 @@ echo "replacement on $NODE: done"`
 	if first.Annotations[v1alpha1.AnnotationAvoidedNodes] != "" || avoidsNode(&first, x) {
 		t.Errorf("the first pod %s already avoids %s: %q", first.Name, x, first.Annotations[v1alpha1.AnnotationAvoidedNodes])
 	}
-	wantEvent(ctx, t, ns, j.Name, eventAvoidingNodes, x)
-	out := coronerctl(ctx, t, "explain", "job", "-n", ns, j.Name)
-	for _, want := range []string{x, string(conditions.DisruptionNodeOOM)} {
-		if !strings.Contains(out, want) {
-			t.Errorf("coronerctl explain does not say %q", want)
-		}
+	wantEvent(ctx, t, ns, j.Name, jobsync.EventReasonAvoidingNodes, x)
+	if out := explainNodeBlame(ctx, t, ns, j.Name); !strings.Contains(out, x+" ("+string(conditions.DisruptionNodeOOM)+": "+first.Name) {
+		t.Errorf("coronerctl explain does not say the replacement avoids %s for the %s of %s:\n%s", x, conditions.DisruptionNodeOOM, first.Name, out)
 	}
+}
+
+// explainNodeBlame is the node-blame section of `coronerctl explain job` (its "Nodes
+// avoided and disruption budgets" to the end); the test fails when there is none.
+func explainNodeBlame(ctx context.Context, t *testing.T, ns, name string) string {
+	t.Helper()
+	out := coronerctl(ctx, t, "explain", "job", "-n", ns, name)
+	_, section, ok := strings.Cut(out, "Nodes avoided and disruption budgets:")
+	if !ok {
+		t.Errorf("coronerctl explain job %s has no node-blame section", name)
+	}
+	return section
 }
 
 // wantAvoidsRequired fails the test unless every required node selector term of p keeps
@@ -297,11 +304,11 @@ func disruptionBudget(t *testing.T, node string) {
 	if pods := jobPods(ctx, t, ns, j.Name); len(pods) != 2 {
 		t.Errorf("pods %v, want 2: the index failed at the second device failure", podNames(pods))
 	}
-	wantEvent(ctx, t, ns, j.Name, eventDisruptionBudgetSpent, string(conditions.DisruptionDevice))
-	out := coronerctl(ctx, t, "explain", "job", "-n", ns, j.Name)
-	for _, want := range []string{"budget", string(conditions.DisruptionDevice)} {
+	wantEvent(ctx, t, ns, j.Name, jobsync.EventReasonDisruptionBudgetSpent, string(conditions.DisruptionDevice))
+	out := explainNodeBlame(ctx, t, ns, j.Name)
+	for _, want := range []string{"device=1", "device 1/1 spent", first.Name, second.Name} {
 		if !strings.Contains(out, want) {
-			t.Errorf("coronerctl explain does not say %q", want)
+			t.Errorf("coronerctl explain's node-blame section does not say %q:\n%s", want, out)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/coroner-dev/coroner/api/v1alpha1"
 	"github.com/coroner-dev/coroner/conditions"
+	"github.com/coroner-dev/coroner/shim/jobsync"
 	"github.com/coroner-dev/coroner/test/lab"
 )
 
@@ -277,7 +278,7 @@ spec:
 		t.Errorf("the replacement %s: %s %q, want %q", r.Name, v1alpha1.AnnotationAvoidedNodes, got, want)
 	}
 	wantAvoidsRequired(t, r, x, []string{x, y})
-	wantEvent(ctx, t, ns, child, eventAvoidingNodes, x)
+	wantEvent(ctx, t, ns, child, jobsync.EventReasonAvoidingNodes, x)
 }
 
 // waitJobSet waits for the JobSet's Completed or Failed condition and tells its story.
