@@ -83,8 +83,10 @@ func withAnnotation(j *batchv1.Job, k, v string) *batchv1.Job {
 }
 
 // TestNodeBlame: the node-blame cases that need no other coroner-shim flags, at the same
-// time on different nodes: a node OOM moves a replacement off its node (lab-node-2 and -3),
-// and a disruption budget counts the second device failure of an index (lab-node-1).
+// time on different nodes: a node OOM moves a replacement off its node (lab-node-2 and -3);
+// on lab-node-1, one after the other (they share its test GPUs), a disruption budget
+// counts the second device failure of an index, and a replacement that must avoid the only
+// node it may run on is said to be unschedulable.
 func TestNodeBlame(t *testing.T) {
 	if suite.skip != "" {
 		t.Skip(suite.skip)
@@ -93,10 +95,20 @@ func TestNodeBlame(t *testing.T) {
 		t.Parallel()
 		avoidRequired(t)
 	})
-	t.Run("DisruptionBudget", func(t *testing.T) {
+	t.Run("OnTheQuietNode", func(t *testing.T) {
 		t.Parallel()
-		healAll(t, quietNode)
-		disruptionBudget(t, quietNode)
+		for _, tc := range []struct {
+			name string
+			f    func(*testing.T, string)
+		}{
+			{"DisruptionBudget", disruptionBudget},
+			{"AvoidedNodesUnschedulable", avoidedUnschedulable},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				healAll(t, quietNode)
+				tc.f(t, quietNode)
+			})
+		}
 	})
 }
 
@@ -310,6 +322,44 @@ func disruptionBudget(t *testing.T, node string) {
 		if !strings.Contains(out, want) {
 			t.Errorf("coronerctl explain's node-blame section does not say %q:\n%s", want, out)
 		}
+	}
+}
+
+// avoidedUnschedulable: a Job with avoid-failed-nodes: required whose pods may run on
+// node only (nodeSelector); its pod dies of its device: the replacement must avoid the
+// one node it may run on, and stays Pending. coroner-shim says so in a Warning Event, and
+// explain says so too: the Job waits, and the user is told why.
+func avoidedUnschedulable(t *testing.T, node string) {
+	ctx, ns := setup(t, 2*time.Minute)
+	j := withAnnotation(deviceJob("stuck", ns, node, dieWithTheDevice), v1alpha1.AnnotationAvoidFailedNodes, string(v1alpha1.AvoidRequired))
+	j.Spec.BackoffLimitPerIndex = ptr.To[int32](1)
+	first, dev := startOnGPU(ctx, t, j, node)
+	coronerctl(ctx, t, "chaos", "device-fail", node, dev)
+
+	var r corev1.Pod
+	err := lab.Poll(ctx, time.Minute, "the replacement of "+first.Name+" unschedulable", func() (bool, error) {
+		for _, p := range jobPods(ctx, t, ns, j.Name) {
+			c := condition(&p, corev1.PodScheduled)
+			if p.UID != first.UID && c != nil && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				r = p
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, describe(ns, j.Name))
+	}
+	if got, want := r.Annotations[v1alpha1.AnnotationAvoidedNodes], node+"="+string(conditions.DisruptionDevice); got != want {
+		t.Errorf("the replacement %s: %s %q, want %q", r.Name, v1alpha1.AnnotationAvoidedNodes, got, want)
+	}
+	wantCondition(t, pod(ctx, t, ns, first.Name), corev1.DisruptionTarget, conditions.ReasonDeviceFailure)
+	wantEvent(ctx, t, ns, j.Name, jobsync.EventReasonAvoidedNodesUnschedulable, r.Name, node)
+	if out := explainNodeBlame(ctx, t, ns, j.Name); !strings.Contains(out, "cannot be scheduled: it avoids nodes "+node) {
+		t.Errorf("coronerctl explain does not say %s cannot be scheduled because it avoids %s:\n%s", r.Name, node, out)
+	}
+	if got, err := suite.cs.BatchV1().Jobs(ns).Get(ctx, j.Name, metav1.GetOptions{}); err != nil || finished(got) != nil || got.Status.Failed != 0 {
+		t.Errorf("the Job: %v; want it waiting, nothing counted", err)
 	}
 }
 
