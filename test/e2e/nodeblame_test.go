@@ -5,11 +5,14 @@ package e2e
 // an Ignore rule ignores (coroner.dev/disruption-budget), and, with coroner-shim
 // --quarantine, a node that keeps killing pods is tainted coroner.dev/quarantined.
 //
-// These tests do not run in parallel with the rest of the suite: they run alone, first
-// (Go runs a top-level test without t.Parallel before any parallel one starts). The
-// parallel tests kill pods on every node for reasons that blame it (node OOMs, device
-// failures, partitions), which would count toward a quarantine, and TestNodeQuarantine
-// restarts coroner-shim with other flags, which would hold up every other Job.
+// These tests do not run in parallel with the rest of the suite: they run alone, before
+// the parallel tests (Go runs the top-level tests without t.Parallel first, in the order
+// of the files and of the tests in them). The parallel tests kill pods on every node for
+// reasons that blame it (node OOMs, device failures, partitions), which would count toward
+// a quarantine, and TestNodeQuarantine restarts coroner-shim with other flags, which would
+// hold up every other Job. TestNodeQuarantine comes first: the shim it starts counts the
+// deaths of the failed pods it finds, and TestNodeBlame leaves some until its namespaces
+// are deleted.
 
 import (
 	"context"
@@ -80,6 +83,41 @@ func withAnnotation(j *batchv1.Job, k, v string) *batchv1.Job {
 	}
 	j.Annotations[k] = v
 	return j
+}
+
+// The quarantine's window and quiet period in TestNodeQuarantine.
+const (
+	quarantineWindow = 10 * time.Minute
+	quarantineFor    = 45 * time.Second
+)
+
+// TestNodeQuarantine: coroner-shim restarted with --quarantine (3 deaths in 10m, lifted
+// after 45s without one, at most 1 node at a time); three device failures on one node
+// quarantine it, and, while it is, three on another spare that one.
+func TestNodeQuarantine(t *testing.T) {
+	if suite.skip != "" {
+		t.Skip(suite.skip)
+	}
+	// The shim counts, when it starts, the deaths of the failed pods it finds within the
+	// window: a node must not start with deaths of earlier tests (this test runs first of
+	// those that kill pods of Jobs; an earlier failed test's namespace is kept).
+	noBlamedDeaths(t, quarantineWindow)
+	// Cleanups run last-registered first: the shim's flags are restored, then the taints
+	// it left removed (it would not lift them without --quarantine).
+	t.Cleanup(func() { removeQuarantines(t) })
+	setShimArgs(t, "--quarantine", "--quarantine-deaths=3", "--quarantine-window="+quarantineWindow.String(),
+		"--quarantine-for="+quarantineFor.String(), "--quarantine-max=1")
+	for _, tc := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"ThreeDeathsQuarantine", threeDeathsQuarantine},
+		{"MaxSparesSecond", maxSparesSecond},
+	} {
+		if !t.Run(tc.name, tc.f) {
+			t.Fatalf("%s failed: the rest of the chain is not run", tc.name)
+		}
+	}
 }
 
 // TestNodeBlame: the node-blame cases that need no other coroner-shim flags, at the same
@@ -363,34 +401,6 @@ func avoidedUnschedulable(t *testing.T, node string) {
 	}
 }
 
-// quarantineFor is the quarantine's quiet period in TestNodeQuarantine.
-const quarantineFor = 45 * time.Second
-
-// TestNodeQuarantine: coroner-shim restarted with --quarantine (3 deaths in 10m, lifted
-// after 45s without one, at most 1 node at a time); three device failures on one node
-// quarantine it, and, while it is, three on another spare that one.
-func TestNodeQuarantine(t *testing.T) {
-	if suite.skip != "" {
-		t.Skip(suite.skip)
-	}
-	// Cleanups run last-registered first: the shim's flags are restored, then the taints
-	// it left removed (it would not lift them without --quarantine).
-	t.Cleanup(func() { removeQuarantines(t) })
-	setShimArgs(t, "--quarantine", "--quarantine-deaths=3", "--quarantine-window=10m",
-		"--quarantine-for="+quarantineFor.String(), "--quarantine-max=1")
-	for _, tc := range []struct {
-		name string
-		f    func(*testing.T)
-	}{
-		{"ThreeDeathsQuarantine", threeDeathsQuarantine},
-		{"MaxSparesSecond", maxSparesSecond},
-	} {
-		if !t.Run(tc.name, tc.f) {
-			t.Fatalf("%s failed: the rest of the chain is not run", tc.name)
-		}
-	}
-}
-
 // threeDeathsQuarantine: two device failures on node X leave it alone, the third
 // quarantines it: the taint coroner.dev/quarantined=device:NoSchedule, a NodeQuarantined
 // Event, `coronerctl quarantine list` names it. A new Job that prefers X runs elsewhere.
@@ -512,6 +522,49 @@ func deviceDeaths(ctx context.Context, t *testing.T, ns, name, node, other strin
 		}
 	}
 	coronerctl(ctx, t, "chaos", "device-heal", node)
+}
+
+// noBlamedDeaths waits until no failed pod whose death blames its node (a death the
+// quarantine would count) within window is left in the cluster: the namespaces of the
+// tests before are deleted as they end. It fails the test, naming them, when some stay.
+func noBlamedDeaths(t *testing.T, window time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var left []string
+	err := lab.Poll(ctx, 90*time.Second, "no deaths blamed on nodes left by earlier tests", func() (bool, error) {
+		pods, err := suite.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		left = left[:0]
+		for _, p := range pods.Items {
+			if node, class, ok := conditions.NodeBlame(&p); ok && time.Since(diedAt(&p)) < window {
+				left = append(left, fmt.Sprintf("%s/%s on %s (%s)", p.Namespace, p.Name, node, class))
+			}
+		}
+		return len(left) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("%v: the quarantine would count them: %v", err, left)
+	}
+}
+
+// diedAt is the latest time the pod's status gives: its containers' ends and its
+// conditions' transitions.
+func diedAt(p *corev1.Pod) time.Time {
+	var at time.Time
+	for _, s := range p.Status.ContainerStatuses {
+		if term := s.State.Terminated; term != nil && term.FinishedAt.After(at) {
+			at = term.FinishedAt.Time
+		}
+	}
+	for _, c := range p.Status.Conditions {
+		if c.LastTransitionTime.After(at) {
+			at = c.LastTransitionTime.Time
+		}
+	}
+	return at
 }
 
 // node gets a node.
@@ -695,8 +748,9 @@ func waitShimLeads(ctx context.Context, args []string) error {
 		want := ptr.Deref(d.Spec.Replicas, 1)
 		s := d.Status
 		last = fmt.Sprintf("generation %d observed %d, replicas %d updated %d available %d", d.Generation, s.ObservedGeneration, s.Replicas, s.UpdatedReplicas, s.AvailableReplicas)
-		if s.ObservedGeneration < d.Generation || s.UpdatedReplicas != want || s.Replicas != want || s.AvailableReplicas != want {
-			return false, nil
+		if s.ObservedGeneration < d.Generation || s.UpdatedReplicas != want || s.Replicas != want || s.AvailableReplicas != want ||
+			len(pods.Items) != int(want) {
+			return false, nil // old replicas still terminating count too: what follows may list the shim's pods
 		}
 		holder, _, err := lab.LeaseHolder(ctx, suite.cs, lab.ShimNamespace, lab.ShimLease)
 		if err != nil || holder == "" {
