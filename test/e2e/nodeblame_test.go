@@ -538,10 +538,16 @@ func noBlamedDeaths(t *testing.T, window time.Duration) {
 			return false, nil
 		}
 		left = left[:0]
+		kept := false
 		for _, p := range pods.Items {
 			if node, class, ok := conditions.NodeBlame(&p); ok && time.Since(diedAt(&p)) < window {
 				left = append(left, fmt.Sprintf("%s/%s on %s (%s)", p.Namespace, p.Name, node, class))
+				n, err := suite.cs.CoreV1().Namespaces().Get(ctx, p.Namespace, metav1.GetOptions{})
+				kept = kept || err == nil && n.DeletionTimestamp == nil
 			}
+		}
+		if kept {
+			return false, fmt.Errorf("deaths blamed on nodes in namespaces not being deleted (kept by a failed test?)")
 		}
 		return len(left) == 0, nil
 	})
