@@ -370,6 +370,13 @@ func disruptionBudget(t *testing.T, node string) {
 func avoidedUnschedulable(t *testing.T, node string) {
 	ctx, ns := setup(t, 2*time.Minute)
 	j := withAnnotation(deviceJob("stuck", ns, node, dieWithTheDevice), v1alpha1.AnnotationAvoidFailedNodes, string(v1alpha1.AvoidRequired))
+	// The Job goes before its namespace: a namespace deletes its pods first and waits for
+	// them to be gone, and a pod deleted before it was scheduled keeps its Job's tracking
+	// finalizer while the Job lives (coroner-shim and the built-in controller alike, seen
+	// on the lab's v1.36.3): the namespace would stay Terminating.
+	t.Cleanup(func() {
+		_ = suite.cs.BatchV1().Jobs(ns).Delete(context.Background(), j.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+	})
 	j.Spec.BackoffLimitPerIndex = ptr.To[int32](1)
 	first, dev := startOnGPU(ctx, t, j, node)
 	coronerctl(ctx, t, "chaos", "device-fail", node, dev)
