@@ -500,13 +500,16 @@ func maxSparesSecond(t *testing.T) {
 
 // deviceDeaths kills n (1 or 2: a node has two test GPUs) pods of a new Job on node with a
 // device failure each, and waits until the agent stamped each: deaths that blame the
-// node. Their replacements exit 0 (on other, when node is quarantined by then).
+// node. Each index fails at its first failure (backoffLimitPerIndex 0, no rule to ignore
+// it): no replacement takes a device of node or runs elsewhere. other is the node the
+// Job's pods may run on too (node is preferred); node's test GPUs must be free when it
+// starts.
 func deviceDeaths(ctx context.Context, t *testing.T, ns, name, node, other string, n int32) {
 	t.Helper()
-	j := preferNode(withIgnoredCount(job(name, ns).
+	gpusFree(ctx, t, node)
+	j := preferNode(job(name, ns).
 		Indexed().Completions(n).Parallelism(n).BackoffLimitPerIndex(0).
-		PodFailurePolicy(ignoreDisruptions()).
-		Command("sh", "-c", dieWithTheDevice).Obj()), node, other)
+		Command("sh", "-c", dieWithTheDevice).Obj(), node, other)
 	withResources(j, nil, corev1.ResourceList{testGPU: quantities("x", "1")["x"]})
 	createJob(ctx, t, j)
 	pods := waitRunning(ctx, t, ns, j.Name, int(n), time.Minute)
@@ -578,6 +581,41 @@ func diedAt(p *corev1.Pod) time.Time {
 		}
 	}
 	return at
+}
+
+// gpusFree waits until the scheduler may give both of node's test GPUs to new pods: the
+// kubelet reports them allocatable again (after a device-heal) and no pod that is not
+// finished requests one there.
+func gpusFree(ctx context.Context, t *testing.T, node string) {
+	t.Helper()
+	var last string
+	err := lab.Poll(ctx, 30*time.Second, node+"'s test GPUs free", func() (bool, error) {
+		n, err := suite.cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		q := n.Status.Allocatable[testGPU]
+		pods, err := suite.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+		if err != nil {
+			return false, nil
+		}
+		var holders []string
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+				continue
+			}
+			for _, c := range p.Spec.Containers {
+				if _, ok := c.Resources.Limits[testGPU]; ok {
+					holders = append(holders, p.Namespace+"/"+p.Name)
+				}
+			}
+		}
+		last = fmt.Sprintf("allocatable %s, held by %v", q.String(), holders)
+		return q.Value() == lab.TestGPUs && len(holders) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("%v: %s", err, last)
+	}
 }
 
 // node gets a node.
