@@ -17,8 +17,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -200,6 +204,11 @@ echo "replacement on $NODE: done"`
 	if out := explainNodeBlame(ctx, t, ns, j.Name); !strings.Contains(out, x+" ("+string(conditions.DisruptionNodeOOM)+": "+first.Name) {
 		t.Errorf("coronerctl explain does not say the replacement avoids %s for the %s of %s:\n%s", x, conditions.DisruptionNodeOOM, first.Name, out)
 	}
+	capture(ctx, t, "a node OOM, the replacement avoids the node (avoid-failed-nodes: required)",
+		[]string{"kubectl", "get", "events", "-n", ns, "--sort-by=.lastTimestamp"},
+		[]string{"kubectl", "get", "pods", "-n", ns, "-o", "wide"},
+		[]string{"kubectl", "get", "pod", "-n", ns, r.Name, "-o", `jsonpath={.metadata.annotations.coroner\.dev/avoided-nodes}{"\n"}{.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution}{"\n"}`},
+		[]string{"coronerctl", "explain", "job", "-n", ns, j.Name})
 }
 
 // explainNodeBlame is the node-blame section of `coronerctl explain job` (its "Nodes
@@ -361,6 +370,10 @@ func disruptionBudget(t *testing.T, node string) {
 			t.Errorf("coronerctl explain's node-blame section does not say %q:\n%s", want, out)
 		}
 	}
+	capture(ctx, t, "a device=1 disruption budget: the second device failure of an index counts",
+		[]string{"kubectl", "get", "events", "-n", ns, "--sort-by=.lastTimestamp"},
+		[]string{"kubectl", "get", "pods", "-n", ns, "-o", `custom-columns=POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase,VERDICT:.metadata.annotations.coroner\.dev/disruption-budget-verdict,CHARGED:.metadata.annotations.coroner\.dev/disruptions-charged`},
+		[]string{"coronerctl", "explain", "job", "-n", ns, j.Name})
 }
 
 // avoidedUnschedulable: a Job with avoid-failed-nodes: required whose pods may run on
@@ -403,6 +416,9 @@ func avoidedUnschedulable(t *testing.T, node string) {
 	if out := explainNodeBlame(ctx, t, ns, j.Name); !strings.Contains(out, "cannot be scheduled: it avoids nodes "+node) {
 		t.Errorf("coronerctl explain does not say %s cannot be scheduled because it avoids %s:\n%s", r.Name, node, out)
 	}
+	capture(ctx, t, "a replacement that must avoid the only node it may run on",
+		[]string{"kubectl", "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=Job", "--sort-by=.lastTimestamp"},
+		[]string{"coronerctl", "explain", "job", "-n", ns, j.Name})
 	if got, err := suite.cs.BatchV1().Jobs(ns).Get(ctx, j.Name, metav1.GetOptions{}); err != nil || finished(got) != nil || got.Status.Failed != 0 {
 		t.Errorf("the Job: %v; want it waiting, nothing counted", err)
 	}
@@ -442,6 +458,11 @@ func threeDeathsQuarantine(t *testing.T) {
 	if out := coronerctl(ctx, t, "quarantine", "list"); !strings.Contains(out, x) || !strings.Contains(out, string(conditions.DisruptionDevice)) {
 		t.Errorf("coronerctl quarantine list does not name %s and %s:\n%s", x, conditions.DisruptionDevice, out)
 	}
+	capture(ctx, t, "three device failures on "+x+" quarantine it",
+		[]string{"kubectl", "get", "node", x, "-o", `jsonpath={.spec.taints}{"\n"}`},
+		[]string{"coronerctl", "quarantine", "list"},
+		[]string{"kubectl", "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=Pod,reason=Stamped", "--sort-by=.lastTimestamp"},
+		[]string{"kubectl", "get", "events", "-A", "--field-selector", "involvedObject.kind=Node,involvedObject.name=" + x, "--sort-by=.lastTimestamp"})
 
 	// A new Job that prefers X: its pod runs on Y.
 	j := preferNode(job("after", ns).Command("true").Obj(), x, y)
@@ -464,6 +485,10 @@ func threeDeathsQuarantine(t *testing.T) {
 		t.Errorf("%s: quarantine lifted after %v, before --quarantine-for=%v", x, held.Round(100*time.Millisecond), quarantineFor)
 	}
 	wantNodeEvent(ctx, t, x, eventNodeQuarantineLifted, quarantinedAt.Add(-time.Second))
+	capture(ctx, t, "the quarantine of "+x+" lifted after --quarantine-for="+quarantineFor.String(),
+		[]string{"kubectl", "get", "node", x, "-o", `jsonpath={.spec.taints}{"\n"}`},
+		[]string{"coronerctl", "quarantine", "list"},
+		[]string{"kubectl", "get", "events", "-A", "--field-selector", "involvedObject.kind=Node,involvedObject.name=" + x, "--sort-by=.lastTimestamp"})
 }
 
 // maxSparesSecond: with --quarantine-max=1, node Y is quarantined after three device
@@ -491,11 +516,17 @@ func maxSparesSecond(t *testing.T) {
 		t.Errorf("%s no longer quarantined", y)
 	}
 
-	coronerctl(ctx, t, "quarantine", "lift", y)
+	capture(ctx, t, "--quarantine-max=1: "+y+" quarantined, "+x+" spared",
+		[]string{"coronerctl", "quarantine", "list"},
+		[]string{"kubectl", "get", "events", "-A", "--field-selector", "involvedObject.kind=Node,reason=" + eventQuarantineSpared, "--sort-by=.lastTimestamp"})
+	lift := coronerctl(ctx, t, "quarantine", "lift", y)
 	waitNode(ctx, t, y, "the quarantine lifted by hand", 30*time.Second, func(n *corev1.Node) bool { return quarantineTaint(n) == nil })
 	if out := coronerctl(ctx, t, "quarantine", "list"); strings.Contains(out, y) {
 		t.Errorf("coronerctl quarantine list still names %s after the lift:\n%s", y, out)
 	}
+	capture(ctx, t, "after `coronerctl quarantine lift "+y+"`, which said: "+strings.TrimSpace(lift),
+		[]string{"kubectl", "get", "node", y, "-o", `jsonpath={.spec.taints}{"\n"}`},
+		[]string{"coronerctl", "quarantine", "list"})
 }
 
 // deviceDeaths kills n (1 or 2: a node has two test GPUs) pods of a new Job on node with a
@@ -617,6 +648,47 @@ func gpusFree(ctx context.Context, t *testing.T, node string) {
 		t.Fatalf("%v: %s", err, last)
 	}
 }
+
+// capture appends, when CORONER_E2E_CAPTURE names a file, what the lab says to each
+// command (kubectl's or coronerctl's, by the first word) to it: the README's examples come
+// from a real run (CORONER_E2E_CAPTURE=/tmp/capture.txt go test -run 'TestNode' ...).
+func capture(ctx context.Context, t *testing.T, title string, cmds ...[]string) {
+	t.Helper()
+	file := os.Getenv("CORONER_E2E_CAPTURE")
+	if file == "" {
+		return
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "### %s (%s, %s)\n", title, t.Name(), time.Now().UTC().Format(time.RFC3339))
+	for _, c := range cmds {
+		bin := filepath.Join(suite.cfg.BinDir, c[0])
+		cmd := exec.CommandContext(ctx, bin, c[1:]...)
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+suite.kubeconfig)
+		out, err := cmd.CombinedOutput()
+		fmt.Fprintf(&b, "$ %s\n%s", strings.Join(c, " "), out)
+		if len(out) > 0 && out[len(out)-1] != '\n' {
+			b.WriteString("\n")
+		}
+		if err != nil {
+			fmt.Fprintf(&b, "(%v)\n", err)
+		}
+	}
+	b.WriteString("\n")
+	captureMu.Lock()
+	defer captureMu.Unlock()
+	f, err := os.OpenFile(file, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err == nil {
+		_, err = f.WriteString(b.String())
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		t.Errorf("capture to %s: %v", file, err)
+	}
+}
+
+var captureMu sync.Mutex
 
 // node gets a node.
 func node(ctx context.Context, t *testing.T, name string) *corev1.Node {
