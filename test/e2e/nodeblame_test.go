@@ -39,16 +39,6 @@ import (
 	"github.com/coroner-dev/coroner/test/lab"
 )
 
-// coroner-shim's quarantine Events (on the Node).
-const (
-	eventNodeQuarantined      = "NodeQuarantined"
-	eventQuarantineSpared     = "QuarantineSpared"
-	eventNodeQuarantineLifted = "NodeQuarantineLifted"
-	// quarantineTaintKey is the taint coroner-shim --quarantine puts on a node, its value
-	// the class of the deaths, its effect NoSchedule.
-	quarantineTaintKey = conditions.Prefix + "quarantined"
-)
-
 // blamedNode and spareNode are the two nodes the node-blame cases kill pods on and move
 // them to: lab-node-2 and lab-node-3 (on kind, its two workers). Nothing else runs there
 // while these tests do.
@@ -443,7 +433,7 @@ func threeDeathsQuarantine(t *testing.T) {
 	lastDeath := time.Now()
 
 	var quarantinedAt time.Time
-	waitNode(ctx, t, x, "tainted "+quarantineTaintKey+"=device:NoSchedule", 30*time.Second, func(n *corev1.Node) bool {
+	waitNode(ctx, t, x, "tainted "+conditions.QuarantineTaintKey+"=device:NoSchedule", 30*time.Second, func(n *corev1.Node) bool {
 		tn := quarantineTaint(n)
 		if tn != nil && tn.TimeAdded != nil {
 			quarantinedAt = tn.TimeAdded.Time
@@ -454,7 +444,7 @@ func threeDeathsQuarantine(t *testing.T) {
 		quarantinedAt = time.Now()
 	}
 	t.Logf("%s quarantined %v after its third death", x, time.Since(lastDeath).Round(100*time.Millisecond))
-	wantNodeEvent(ctx, t, x, eventNodeQuarantined, start, string(conditions.DisruptionDevice))
+	wantNodeEvent(ctx, t, x, conditions.ReasonNodeQuarantined, start, string(conditions.DisruptionDevice))
 	if out := coronerctl(ctx, t, "quarantine", "list"); !strings.Contains(out, x) || !strings.Contains(out, string(conditions.DisruptionDevice)) {
 		t.Errorf("coronerctl quarantine list does not name %s and %s:\n%s", x, conditions.DisruptionDevice, out)
 	}
@@ -484,7 +474,7 @@ func threeDeathsQuarantine(t *testing.T) {
 	if held < quarantineFor-2*time.Second {
 		t.Errorf("%s: quarantine lifted after %v, before --quarantine-for=%v", x, held.Round(100*time.Millisecond), quarantineFor)
 	}
-	wantNodeEvent(ctx, t, x, eventNodeQuarantineLifted, quarantinedAt.Add(-time.Second))
+	wantNodeEvent(ctx, t, x, conditions.ReasonNodeQuarantineLifted, quarantinedAt.Add(-time.Second))
 	capture(ctx, t, "the quarantine of "+x+" lifted after --quarantine-for="+quarantineFor.String(),
 		[]string{"kubectl", "get", "node", x, "-o", `jsonpath={.spec.taints}{"\n"}`},
 		[]string{"coronerctl", "quarantine", "list"},
@@ -503,12 +493,12 @@ func maxSparesSecond(t *testing.T) {
 	deviceDeaths(ctx, t, ns, "deaths-y", y, x, 2)
 	deviceDeaths(ctx, t, ns, "deaths-y2", y, x, 1)
 	waitNode(ctx, t, y, "quarantined", 30*time.Second, func(n *corev1.Node) bool { return quarantineTaint(n) != nil })
-	wantNodeEvent(ctx, t, y, eventNodeQuarantined, start)
+	wantNodeEvent(ctx, t, y, conditions.ReasonNodeQuarantined, start)
 
 	spareFrom := time.Now()
 	deviceDeaths(ctx, t, ns, "deaths-x", x, y, 2)
 	deviceDeaths(ctx, t, ns, "deaths-x2", x, y, 1)
-	wantNodeEvent(ctx, t, x, eventQuarantineSpared, spareFrom)
+	wantNodeEvent(ctx, t, x, conditions.ReasonQuarantineSpared, spareFrom)
 	if n := node(ctx, t, x); quarantineTaint(n) != nil {
 		t.Errorf("%s quarantined beside %s with --quarantine-max=1: %+v", x, y, quarantineTaint(n))
 	}
@@ -518,7 +508,7 @@ func maxSparesSecond(t *testing.T) {
 
 	capture(ctx, t, "--quarantine-max=1: "+y+" quarantined, "+x+" spared",
 		[]string{"coronerctl", "quarantine", "list"},
-		[]string{"kubectl", "get", "events", "-A", "--field-selector", "involvedObject.kind=Node,reason=" + eventQuarantineSpared, "--sort-by=.lastTimestamp"})
+		[]string{"kubectl", "get", "events", "-A", "--field-selector", "involvedObject.kind=Node,reason=" + conditions.ReasonQuarantineSpared, "--sort-by=.lastTimestamp"})
 	lift := coronerctl(ctx, t, "quarantine", "lift", y)
 	waitNode(ctx, t, y, "the quarantine lifted by hand", 30*time.Second, func(n *corev1.Node) bool { return quarantineTaint(n) == nil })
 	if out := coronerctl(ctx, t, "quarantine", "list"); strings.Contains(out, y) {
@@ -703,7 +693,7 @@ func node(ctx context.Context, t *testing.T, name string) *corev1.Node {
 // quarantineTaint is the node's coroner.dev/quarantined taint, or nil.
 func quarantineTaint(n *corev1.Node) *corev1.Taint {
 	for i, tn := range n.Spec.Taints {
-		if tn.Key == quarantineTaintKey {
+		if tn.Key == conditions.QuarantineTaintKey {
 			return &n.Spec.Taints[i]
 		}
 	}
@@ -774,14 +764,14 @@ func removeQuarantines(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(tn corev1.Taint) bool { return tn.Key == quarantineTaintKey })
+			n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(tn corev1.Taint) bool { return tn.Key == conditions.QuarantineTaintKey })
 			_, err = suite.cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
 			return err
 		})
 		if err != nil {
-			t.Errorf("remove %s from %s: %v", quarantineTaintKey, n.Name, err)
+			t.Errorf("remove %s from %s: %v", conditions.QuarantineTaintKey, n.Name, err)
 		} else {
-			t.Logf("removed %s from %s", quarantineTaintKey, n.Name)
+			t.Logf("removed %s from %s", conditions.QuarantineTaintKey, n.Name)
 		}
 	}
 }
