@@ -452,7 +452,7 @@ func threeDeathsQuarantine(t *testing.T) {
 		[]string{"kubectl", "get", "node", x, "-o", `jsonpath={.spec.taints}{"\n"}`},
 		[]string{"coronerctl", "quarantine", "list"},
 		[]string{"kubectl", "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=Pod,reason=Stamped", "--sort-by=.lastTimestamp"},
-		[]string{"kubectl", "get", "events", "-A", "--field-selector", "involvedObject.kind=Node,involvedObject.name=" + x, "--sort-by=.lastTimestamp"})
+		nodeEvents(x, conditions.ReasonNodeQuarantined))
 
 	// A new Job that prefers X: its pod runs on Y.
 	j := preferNode(job("after", ns).Command("true").Obj(), x, y)
@@ -478,7 +478,7 @@ func threeDeathsQuarantine(t *testing.T) {
 	capture(ctx, t, "the quarantine of "+x+" lifted after --quarantine-for="+quarantineFor.String(),
 		[]string{"kubectl", "get", "node", x, "-o", `jsonpath={.spec.taints}{"\n"}`},
 		[]string{"coronerctl", "quarantine", "list"},
-		[]string{"kubectl", "get", "events", "-A", "--field-selector", "involvedObject.kind=Node,involvedObject.name=" + x, "--sort-by=.lastTimestamp"})
+		nodeEvents(x, conditions.ReasonNodeQuarantineLifted))
 }
 
 // maxSparesSecond: with --quarantine-max=1, node Y is quarantined after three device
@@ -508,7 +508,8 @@ func maxSparesSecond(t *testing.T) {
 
 	capture(ctx, t, "--quarantine-max=1: "+y+" quarantined, "+x+" spared",
 		[]string{"coronerctl", "quarantine", "list"},
-		[]string{"kubectl", "get", "events", "-A", "--field-selector", "involvedObject.kind=Node,reason=" + conditions.ReasonQuarantineSpared, "--sort-by=.lastTimestamp"})
+		nodeEvents(y, conditions.ReasonNodeQuarantined),
+		nodeEvents(x, conditions.ReasonQuarantineSpared))
 	lift := coronerctl(ctx, t, "quarantine", "lift", y)
 	waitNode(ctx, t, y, "the quarantine lifted by hand", 30*time.Second, func(n *corev1.Node) bool { return quarantineTaint(n) == nil })
 	if out := coronerctl(ctx, t, "quarantine", "list"); strings.Contains(out, y) {
@@ -679,6 +680,11 @@ func capture(ctx context.Context, t *testing.T, title string, cmds ...[]string) 
 }
 
 var captureMu sync.Mutex
+
+// nodeEvents is the kubectl command that lists the Events with reason on node.
+func nodeEvents(node, reason string) []string {
+	return []string{"kubectl", "get", "events", "-A", "--field-selector", "involvedObject.kind=Node,involvedObject.name=" + node + ",reason=" + reason, "--sort-by=.lastTimestamp"}
+}
 
 // node gets a node.
 func node(ctx context.Context, t *testing.T, name string) *corev1.Node {
