@@ -403,7 +403,7 @@ func avoidedUnschedulable(t *testing.T, node string) {
 	}
 	wantCondition(t, pod(ctx, t, ns, first.Name), corev1.DisruptionTarget, conditions.ReasonDeviceFailure)
 	wantEvent(ctx, t, ns, j.Name, jobsync.EventReasonAvoidedNodesUnschedulable, r.Name, node)
-	if out := explainNodeBlame(ctx, t, ns, j.Name); !strings.Contains(out, "cannot be scheduled: it avoids nodes "+node) {
+	if out := explainNodeBlame(ctx, t, ns, j.Name); !strings.Contains(out, "cannot be scheduled: it avoids nodes "+node+" (") {
 		t.Errorf("coronerctl explain does not say %s cannot be scheduled because it avoids %s:\n%s", r.Name, node, out)
 	}
 	capture(ctx, t, "a replacement that must avoid the only node it may run on",
