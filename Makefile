@@ -219,7 +219,7 @@ platforms: ## Kueue and JobSet, built from their modules, installed as their use
 
 .PHONY: e2e-platforms
 e2e-platforms: E2E_ARGS = -run '^TestPlatform'
-e2e-platforms: build ## the platform cases, each beside the built-in controller: Kueue (queueing, preemption, waitForPodsReady), JobSet (limit OOM, node OOM), CronJob (Forbid, Replace), on the lab (or kind: PLATFORMS_CLUSTER=kind) after make platforms (root, ~7 min)
+e2e-platforms: build ## the platform cases, each beside the built-in controller: Kueue (queueing, preemption, waitForPodsReady), JobSet (limit OOM, node OOM; avoid-failed-nodes: a worker's replacement off the node that OOM-killed it), CronJob (Forbid, Replace), on the lab (or kind: PLATFORMS_CLUSTER=kind) after make platforms (root, ~7 min)
 	$(ROOT_CHECK)
 	$(call E2E_RUN,CORONER_E2E_PLATFORMS=1 $(if $(filter kind,$(PLATFORMS_CLUSTER)),CORONER_E2E_CLUSTER=kind))
 
