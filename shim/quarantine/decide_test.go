@@ -437,7 +437,7 @@ func TestMessages(t *testing.T) {
 		}
 	}
 	s := SparedMessage(Action{Kind: Spare, Node: "b", Cause: device, Deaths: ds, Holding: []string{"a"}, Max: 1}, o)
-	for _, want := range []string{"Not quarantined though 12 pod deaths were blamed on node b", "2 earlier, ns/p2", "1 nodes are quarantined already, the most --quarantine-max=1 allows (a)"} {
+	for _, want := range []string{"Not quarantined though 12 pod deaths were blamed on node b", "2 earlier, ns/p2", "nodes quarantined already: 1 (a), the most --quarantine-max=1 allows"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("QuarantineSpared message %q lacks %q", s, want)
 		}

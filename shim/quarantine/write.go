@@ -106,8 +106,8 @@ func QuarantinedMessage(a Action, o Options) string {
 
 // SparedMessage is the message of the QuarantineSpared Event.
 func SparedMessage(a Action, o Options) string {
-	return fmt.Sprintf("Not quarantined though %d pod deaths were blamed on node %s within %v (%s): %d nodes are quarantined already, the most --quarantine-max=%s allows (%s)",
-		len(a.Deaths), a.Node, o.Window, deathList(a.Deaths), len(a.Holding), o.Max, strings.Join(a.Holding, ", "))
+	return fmt.Sprintf("Not quarantined though %d pod deaths were blamed on node %s within %v (%s): nodes quarantined already: %d (%s), the most --quarantine-max=%s allows",
+		len(a.Deaths), a.Node, o.Window, deathList(a.Deaths), len(a.Holding), strings.Join(a.Holding, ", "), o.Max)
 }
 
 // LiftedMessage is the message of the NodeQuarantineLifted Event.

@@ -85,7 +85,7 @@ func TestQuarantine(t *testing.T) {
 	f.failPod(pods[3], 137, nodeOOM)
 	f.failPod(pods[4], 137, nodeOOM)
 	f.waitNodeEvent(b, corev1.EventTypeWarning, conditions.ReasonQuarantineSpared,
-		"Not quarantined though 2 pod deaths were blamed on node "+b, "1 nodes are quarantined already, the most --quarantine-max=1 allows ("+a+")")
+		"Not quarantined though 2 pod deaths were blamed on node "+b, "nodes quarantined already: 1 ("+a+"), the most --quarantine-max=1 allows")
 	if n := f.taint(b); n != nil {
 		t.Errorf("node %s tainted %v though the most nodes were quarantined", b, n)
 	}
