@@ -30,7 +30,9 @@ const starved = "coroner-chaos-starved"
 // container restarted or panicked and that the input is named in an Event or a log line:
 //   - garbage in batch.kubernetes.io/job-index-failure-count and -ignored-failure-count of
 //     running pods of a managed Job whose every index then fails once (the counts must be
-//     read as 0, as the built-in controller reads them, and the Job complete);
+//     read as 0, as the built-in controller reads them, and the Job complete), and garbage
+//     coroner.dev/avoid-failed-nodes and coroner.dev/disruption-budget on that Job (it
+//     runs as without them, each named in a Warning);
 //   - garbage in coroner.dev/exit-history of a pod restarted in place (the agent must
 //     write a valid history with the exits);
 //   - CRI containers of pod UIDs the API server never heard of, on containerd 2.x (events)
@@ -60,7 +62,20 @@ func badInput(ctx context.Context, e *env, o options) result {
 
 	// 1. Garbage failure counts.
 	garbage := stormJob{Name: "garbage-counts", Completions: 4, Parallelism: 4, Fail: []int{0, 1, 2, 3}, RunTicks: 16, RerunTicks: 4, Jitter: 1}
-	if _, err := e.cs.BatchV1().Jobs(ns).Create(ctx, garbage.job(ns, dir), metav1.CreateOptions{}); err != nil {
+	garbageJob := garbage.job(ns, dir)
+	// And garbage node-blame opt-ins: the Job runs as without them (its outcome is the
+	// storm's truth), and each is named in a Warning.
+	jobValues := []struct{ key, value string }{
+		{v1alpha1.AnnotationAvoidFailedNodes, "always"},
+		{v1alpha1.AnnotationDisruptionBudget, "gpu=3,device=-1"},
+	}
+	if garbageJob.Annotations == nil {
+		garbageJob.Annotations = map[string]string{}
+	}
+	for _, v := range jobValues {
+		garbageJob.Annotations[v.key] = v.value
+	}
+	if _, err := e.cs.BatchV1().Jobs(ns).Create(ctx, garbageJob, metav1.CreateOptions{}); err != nil {
 		return r.fail(err)
 	}
 	// 2. Garbage exit history, on a pod restarted in place.
@@ -94,7 +109,7 @@ func badInput(ctx context.Context, e *env, o options) result {
 	if err != nil {
 		return r.fail(err)
 	}
-	faults = append(faults, "4 garbage failure counts", "1 garbage exit history")
+	faults = append(faults, "4 garbage failure counts", "2 garbage node-blame opt-ins", "1 garbage exit history")
 
 	// 3. CRI containers nobody asked for.
 	var unknown []lab.UnknownContainer
@@ -254,6 +269,13 @@ func badInput(ctx context.Context, e *env, o options) result {
 	}
 	if len(silent) > 0 {
 		r.problem("garbage failure counts on pods of a managed Job read as 0 without an Event or a log line naming them: %s", joinComma(silent))
+	}
+	for _, v := range jobValues {
+		if evs := e.events(ctx, ns, v.key, strconv.Quote(v.value)); len(evs) > 0 {
+			r.note("%s=%q: %s", v.key, v.value, evs[0])
+		} else {
+			r.problem("the garbage %s=%q of a managed Job was ignored without a Warning naming it", v.key, v.value)
+		}
 	}
 	if lines := grepLogs(logs, hist.Name, "exit-history"); len(lines) == 0 && len(e.events(ctx, ns, "exit-history")) == 0 {
 		r.problem("the malformed coroner.dev/exit-history of %s was replaced without an Event or a log line naming it", hist.Name)
