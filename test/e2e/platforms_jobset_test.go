@@ -84,6 +84,30 @@ spec:
 `, name, ns, node, replicas, managedBy, conditions.OOMKilled, hostnameLabel, script, resources)
 }
 
+// growUntilKilledOnce is a worker's script: the first pod of an index (no ignored
+// failure yet) grows its memory until the node's OOM killer takes it; its replacement is
+// done at once.
+const growUntilKilledOnce = `if [ "${IGNORED:-0}" = 0 ]; then exec memhog -step-mib 2 -interval 50ms -max-mib 1024; fi; echo done`
+
+// waitWorkerRunning waits for the JobSet's one worker pod in ns to run with its
+// containers started, and returns it.
+func waitWorkerRunning(ctx context.Context, t *testing.T, ns string) corev1.Pod {
+	t.Helper()
+	var worker corev1.Pod
+	err := lab.Poll(ctx, 2*time.Minute, "the worker running", func() (bool, error) {
+		l, err := suite.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil || len(l.Items) == 0 {
+			return false, nil
+		}
+		worker = l.Items[0]
+		return worker.Status.Phase == corev1.PodRunning && allStarted(&worker), nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, describe(ns, ""))
+	}
+	return worker
+}
+
 // jobSetStory is what a JobSet case saw, compared between the two runs.
 type jobSetStory struct {
 	Condition string // the JobSet's terminal condition: type/reason
@@ -126,19 +150,8 @@ func TestPlatformJobSetNodeOOMIgnored(t *testing.T) {
 			ctx, ns := platformNamespace(t, run, 5*time.Minute)
 			// memhog grows until the squeeze; its replacement (IGNORED=1) is done at once.
 			apply(ctx, t, jobSet("train", ns, oomNode, 1, run, "",
-				`if [ "${IGNORED:-0}" = 0 ]; then exec memhog -step-mib 2 -interval 50ms -max-mib 1024; fi; echo done`))
-			var victim corev1.Pod
-			err := lab.Poll(ctx, 2*time.Minute, "the worker running", func() (bool, error) {
-				l, err := suite.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-				if err != nil || len(l.Items) == 0 {
-					return false, nil
-				}
-				victim = l.Items[0]
-				return victim.Status.Phase == corev1.PodRunning && allStarted(&victim), nil
-			})
-			if err != nil {
-				t.Fatalf("%v\n%s", err, describe(ns, ""))
-			}
+				growUntilKilledOnce))
+			victim := waitWorkerRunning(ctx, t, ns)
 			time.Sleep(2 * time.Second) // let it grow past everything else on the node
 			coronerctl(ctx, t, "chaos", "oom", "-n", ns, victim.Name, "--node")
 			// The kernel picks the node's biggest task: it must be the worker (seen on a
@@ -230,19 +243,8 @@ spec:
                   fieldRef:
                     fieldPath: metadata.annotations['batch.kubernetes.io/job-index-ignored-failure-count']
 `, ns, v1alpha1.AnnotationAvoidFailedNodes, lab.ManagedBy, hostnameLabel, x, y,
-		`if [ "${IGNORED:-0}" = 0 ]; then exec memhog -step-mib 2 -interval 50ms -max-mib 1024; fi; echo done`))
-	var victim corev1.Pod
-	err := lab.Poll(ctx, 2*time.Minute, "the worker running", func() (bool, error) {
-		l, err := suite.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		if err != nil || len(l.Items) == 0 {
-			return false, nil
-		}
-		victim = l.Items[0]
-		return victim.Status.Phase == corev1.PodRunning && allStarted(&victim), nil
-	})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, describe(ns, ""))
-	}
+		growUntilKilledOnce))
+	victim := waitWorkerRunning(ctx, t, ns)
 	if victim.Spec.NodeName != x {
 		t.Fatalf("the worker %s ran on %s, not on %s (preferred by its affinity)", victim.Name, victim.Spec.NodeName, x)
 	}
