@@ -68,32 +68,16 @@ func NewControllers(ctx context.Context, client kubernetes.Interface, cfg Config
 		c.broadcaster = record.NewBroadcaster(record.WithCorrelatorOptions(eventCorrelation()))
 		cfg.Jobs.Recorder = c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: conditions.ShimComponent})
 	}
-	r := &cfg.Recovery
-	if r.ManagedBy == "" {
-		r.ManagedBy = cfg.Jobs.ManagedBy
-	}
-	if r.Clock == nil {
-		r.Clock = cfg.Jobs.Clock
-	}
-	if r.Metrics == nil {
-		r.Metrics = cfg.Jobs.Metrics
-	}
-	if r.Recorder == nil {
-		r.Recorder = cfg.Jobs.Recorder
-	}
-	q := &cfg.Quarantine
-	if q.ManagedBy == "" {
-		q.ManagedBy = cfg.Jobs.ManagedBy
-	}
-	if q.Clock == nil {
-		q.Clock = cfg.Jobs.Clock
-	}
-	if q.Metrics == nil {
-		q.Metrics = cfg.Jobs.Metrics
-	}
-	if q.Recorder == nil {
-		q.Recorder = cfg.Jobs.Recorder
-	}
+	// Recovery and the quarantine share the Job controller's settings unless set.
+	r, q := &cfg.Recovery, &cfg.Quarantine
+	inherit(&r.ManagedBy, cfg.Jobs.ManagedBy)
+	inherit(&r.Clock, cfg.Jobs.Clock)
+	inherit(&r.Metrics, cfg.Jobs.Metrics)
+	inherit(&r.Recorder, cfg.Jobs.Recorder)
+	inherit(&q.ManagedBy, cfg.Jobs.ManagedBy)
+	inherit(&q.Clock, cfg.Jobs.Clock)
+	inherit(&q.Metrics, cfg.Jobs.Metrics)
+	inherit(&q.Recorder, cfg.Jobs.Recorder)
 	c.jobs = controller.New(ctx, client, c.informers, cfg.Jobs)
 	c.recoverer = recoverer.New(ctx, client, c.informers, cfg.Recovery)
 	c.quarantine = quarantine.New(ctx, client, c.informers, cfg.Quarantine)
@@ -177,4 +161,12 @@ func eventCorrelation() record.CorrelatorOptions {
 func spamKeyByReason(e *corev1.Event) string {
 	o := e.InvolvedObject
 	return strings.Join([]string{e.Source.Component, e.Source.Host, o.Kind, o.Namespace, o.Name, string(o.UID), o.APIVersion, e.Type, e.Reason}, "\x00")
+}
+
+// inherit sets *v to d when *v is the zero value.
+func inherit[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
 }

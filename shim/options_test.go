@@ -36,17 +36,13 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "recover only managed Jobs' pods", args: []string{"--recover-pods=managed"}},
 		{name: "recover every opted-in pod", args: []string{"--recover-pods=all"}},
 		{name: "unknown recovery scope", args: []string{"--recover-pods=none"}, wantErr: []string{`--recover-pods="none"`, `"all" or "managed"`}},
+		{name: "unknown avoidance of failed nodes", args: []string{"--avoid-failed-nodes=always"}, wantErr: []string{`--avoid-failed-nodes="always"`, "want none, preferred or required"}},
+		{name: "avoidance of failed nodes", args: []string{"--avoid-failed-nodes=required"}},
 		{name: "every error reported at once", args: []string{"--workers=0", "--kube-api-qps=0"}, wantErr: []string{"--workers=0", "--kube-api-qps=0"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			o := NewOptions()
-			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
-			o.AddFlags(fs)
-			if err := fs.Parse(tc.args); err != nil {
-				t.Fatalf("parse: %v", err)
-			}
-			err := o.Validate()
+			_, err := parseOptions(t, tc.args)
 			if len(tc.wantErr) == 0 {
 				if err != nil {
 					t.Fatalf("Validate() = %v, want nil", err)
@@ -63,6 +59,18 @@ func TestOptionsValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// parseOptions parses args as coroner-shim's flags and validates them.
+func parseOptions(t *testing.T, args []string) (*Options, error) {
+	t.Helper()
+	o := NewOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("parse: %v", err)
+	}
+	return o, o.Validate()
 }
 
 func TestDefaults(t *testing.T) {
@@ -100,13 +108,7 @@ func TestQuarantineOptions(t *testing.T) {
 		{name: "every error at once", args: []string{"--quarantine-deaths=-1", "--quarantine-max=x"}, wantErr: []string{"--quarantine-deaths=-1", "--quarantine-max="}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			o := NewOptions()
-			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
-			o.AddFlags(fs)
-			if err := fs.Parse(tc.args); err != nil {
-				t.Fatalf("parse: %v", err)
-			}
-			err := o.Validate()
+			o, err := parseOptions(t, tc.args)
 			if len(tc.wantErr) == 0 {
 				if err != nil {
 					t.Fatalf("Validate() = %v, want nil", err)
