@@ -180,13 +180,7 @@ echo "replacement on $NODE: done"`
 		t.Fatalf("pods %v, want 2 (the first and its replacement)", podNames(pods))
 	}
 	r := &pods[1]
-	if r.Spec.NodeName == x || r.Spec.NodeName == "" {
-		t.Errorf("the replacement %s ran on %q, want off %s, the node that killed its predecessor", r.Name, r.Spec.NodeName, x)
-	}
-	if got, want := r.Annotations[v1alpha1.AnnotationAvoidedNodes], x+"="+string(conditions.DisruptionNodeOOM); got != want {
-		t.Errorf("the replacement %s: %s %q, want %q", r.Name, v1alpha1.AnnotationAvoidedNodes, got, want)
-	}
-	wantAvoidsRequired(t, r, x, []string{x, y})
+	wantReplacementOff(t, r, x, conditions.DisruptionNodeOOM, []string{x, y})
 	if first.Annotations[v1alpha1.AnnotationAvoidedNodes] != "" || avoidsNode(&first, x) {
 		t.Errorf("the first pod %s already avoids %s: %q", first.Name, x, first.Annotations[v1alpha1.AnnotationAvoidedNodes])
 	}
@@ -211,6 +205,20 @@ func explainNodeBlame(ctx context.Context, t *testing.T, ns, name string) string
 		t.Errorf("coronerctl explain job %s has no node-blame section", name)
 	}
 	return section
+}
+
+// wantReplacementOff fails the test unless the replacement r ran on a node other than x,
+// carries coroner.dev/avoided-nodes x=class, and its required terms keep it off x while
+// keeping the template's (wantAvoidsRequired).
+func wantReplacementOff(t *testing.T, r *corev1.Pod, x string, class conditions.DisruptionClass, keep []string) {
+	t.Helper()
+	if r.Spec.NodeName == x || r.Spec.NodeName == "" {
+		t.Errorf("the replacement %s ran on %q, want off %s, the node that killed its predecessor", r.Name, r.Spec.NodeName, x)
+	}
+	if got, want := r.Annotations[v1alpha1.AnnotationAvoidedNodes], x+"="+string(class); got != want {
+		t.Errorf("the replacement %s: %s %q, want %q", r.Name, v1alpha1.AnnotationAvoidedNodes, got, want)
+	}
+	wantAvoidsRequired(t, r, x, keep)
 }
 
 // wantAvoidsRequired fails the test unless every required node selector term of p keeps

@@ -273,13 +273,7 @@ spec:
 		t.Fatalf("pods of %s %v, want 2 (the worker and its replacement)", child, podNames(pods))
 	}
 	r := &pods[1]
-	if r.Spec.NodeName == x || r.Spec.NodeName == "" {
-		t.Errorf("the replacement %s ran on %q, want off %s", r.Name, r.Spec.NodeName, x)
-	}
-	if got, want := r.Annotations[v1alpha1.AnnotationAvoidedNodes], x+"="+string(conditions.DisruptionNodeOOM); got != want {
-		t.Errorf("the replacement %s: %s %q, want %q", r.Name, v1alpha1.AnnotationAvoidedNodes, got, want)
-	}
-	wantAvoidsRequired(t, r, x, []string{x, y})
+	wantReplacementOff(t, r, x, conditions.DisruptionNodeOOM, []string{x, y})
 	wantEvent(ctx, t, ns, child, jobsync.EventReasonAvoidingNodes, x)
 }
 
