@@ -3,8 +3,6 @@ package shim_test
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"testing"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -51,7 +49,6 @@ func TestAvoidFailedNodes(t *testing.T) {
 	f := newFixture(t, controller.Config{})
 	job := nodeBlameJob(f, "avoid", v1alpha1.AnnotationAvoidFailedNodes, "required")
 	pods := f.waitActive(job, 2, settle)
-	slices.SortFunc(pods, byCompletionIndex)
 	for _, p := range pods {
 		f.bindPod(p, "node-a")
 	}
@@ -91,7 +88,6 @@ func TestDisruptionBudget(t *testing.T) {
 	f := newFixture(t, controller.Config{})
 	job := nodeBlameJob(f, "budget", v1alpha1.AnnotationDisruptionBudget, "device=1")
 	pods := f.waitActive(job, 2, settle)
-	slices.SortFunc(pods, byCompletionIndex)
 	f.succeedPod(pods[1])
 
 	first := f.failPod(pods[0], 1, disruption(conditions.ReasonDeviceFailure))
@@ -112,9 +108,4 @@ func TestDisruptionBudget(t *testing.T) {
 	}
 	f.waitEvent(job, corev1.EventTypeWarning, jobsync.EventReasonDisruptionBudgetSpent,
 		fmt.Sprintf("pod %s/%s: killed by a failing device (DisruptionTarget DeviceFailure); container main exited 1, matched rule 0 (Ignore) but its device budget (coroner.dev/disruption-budget device=1) is spent: index 0 failed", f.ns, second.Name))
-}
-
-// byCompletionIndex orders pods by their completion index.
-func byCompletionIndex(a, b *corev1.Pod) int {
-	return strings.Compare(a.Annotations[batchv1.JobCompletionIndexAnnotation], b.Annotations[batchv1.JobCompletionIndexAnnotation])
 }
