@@ -111,13 +111,7 @@ func indexedJob() (*batchv1.Job, []runtime.Object) {
 
 func TestJobIndexed(t *testing.T) {
 	_, objs := indexedJob()
-	client := fakeClient(t, objs...)
-	var out bytes.Buffer
-	if err := Job(context.Background(), client, "default", "train", &out); err != nil {
-		t.Fatal(err)
-	}
-	got := out.String()
-	t.Logf("output:\n%s", got)
+	got := explainJob(t, "default", "train", objs...)
 	wantLines := []string{
 		"Job default/train",
 		"  managedBy:   coroner.dev/shim",
@@ -189,13 +183,7 @@ func TestJobNonIndexed(t *testing.T) {
 	failJob.Status.Reason, failJob.Status.Message = "DeadlineExceeded", "Pod was active on the node longer than the specified deadline"
 	running := ownedPod(job, "ci-run", 3*time.Minute).Phase(corev1.PodRunning).RunningContainer("main").Obj()
 
-	client := fakeClient(t, job, nodeOOM, unclassified, failJob, running)
-	var out bytes.Buffer
-	if err := Job(context.Background(), client, "team", "ci", &out); err != nil {
-		t.Fatal(err)
-	}
-	got := out.String()
-	t.Logf("output:\n%s", got)
+	got := explainJob(t, "team", "ci", job, nodeOOM, unclassified, failJob, running)
 	assertLinesInOrder(t, got, []string{
 		"Job team/ci",
 		"  managedBy:   (unset: the built-in Job controller)",
@@ -239,6 +227,17 @@ func TestJobNotFound(t *testing.T) {
 
 // fakeClient is a Client of client-go's fakes: JobRecords in the dynamic one, the rest in
 // the clientset.
+// explainJob is `coronerctl explain job` of ns/name on a fake client holding objs, logged.
+func explainJob(t *testing.T, ns, name string, objs ...runtime.Object) string {
+	t.Helper()
+	var out bytes.Buffer
+	if err := Job(context.Background(), fakeClient(t, objs...), ns, name, &out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("output:\n%s", out.String())
+	return out.String()
+}
+
 func fakeClient(t *testing.T, objs ...runtime.Object) Client {
 	t.Helper()
 	var kube, dyn []runtime.Object

@@ -97,13 +97,7 @@ func blameJob() (*batchv1.Job, []runtime.Object) {
 
 func TestNodeBlameStory(t *testing.T) {
 	_, objs := blameJob()
-	client := fakeClient(t, objs...)
-	var out bytes.Buffer
-	if err := Job(context.Background(), client, "default", "train", &out); err != nil {
-		t.Fatal(err)
-	}
-	got := out.String()
-	t.Logf("output:\n%s", got)
+	got := explainJob(t, "default", "train", objs...)
 	assertLinesInOrder(t, got, []string{
 		"Failed pods (2):",
 		"  train-1-a  index 1  node node-b  finished 2026-01-02T03:01:30Z",
@@ -143,6 +137,8 @@ func TestNodeBlameStory(t *testing.T) {
 	}
 
 	// The JSON report carries the same, for tools.
+	client := fakeClient(t, objs...)
+	var out bytes.Buffer
 	r, err := JobReport(context.Background(), client, "default", "train")
 	if err != nil {
 		t.Fatal(err)
